@@ -1,0 +1,43 @@
+"""attnlib: self-attention from the dot product up, in NumPy and PyTorch.
+
+The public API, each in a file of its own:
+
+- :func:`softmax` (``softmax.py``)
+- :func:`project_qkv` (``projections.py``)
+- :func:`score_matrix` (``scores.py``)
+- :func:`causal_mask` (``masks.py``)
+- :func:`attention_weights`, :func:`attention`, :func:`backends` (``attention.py``)
+- :func:`multi_head_attention` (``multi_head.py``)
+- :class:`SelfAttention` (``self_attention.py``)
+- :func:`device` (``device.py``)
+- :mod:`attnlib.examples`, the book's running examples
+"""
+
+from . import errors, examples
+from .attention import attention, attention_weights, backends
+from .device import device
+from .masks import causal_mask
+from .multi_head import merge_heads, multi_head_attention, split_heads
+from .projections import project_qkv
+from .scores import score_matrix
+from .self_attention import SelfAttention
+from .softmax import softmax
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SelfAttention",
+    "attention",
+    "attention_weights",
+    "backends",
+    "causal_mask",
+    "device",
+    "errors",
+    "examples",
+    "merge_heads",
+    "multi_head_attention",
+    "project_qkv",
+    "score_matrix",
+    "softmax",
+    "split_heads",
+]

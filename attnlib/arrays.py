@@ -1,0 +1,60 @@
+"""NumPy or torch? The small amount of glue that lets one function take either.
+
+attnlib never imports torch until a torch tensor (or a torch backend) shows up,
+so the NumPy chapters start fast and run where torch is missing.
+"""
+
+import importlib
+
+import numpy as np
+
+from .errors import MixedArrayTypesError
+
+
+def is_tensor(x):
+    """True for a ``torch.Tensor``, checked without importing torch."""
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "device")
+
+
+def array_kind(**named_arrays):
+    """Return ``"numpy"`` or ``"torch"`` for the arrays given by keyword.
+
+    ``None`` values are skipped (an absent mask). Mixing the two kinds raises
+    :class:`MixedArrayTypesError`, naming which argument is which.
+    """
+    kinds = {}
+    for name, value in named_arrays.items():
+        if value is None:
+            continue
+        kinds[name] = "torch" if is_tensor(value) else "numpy"
+    if len(set(kinds.values())) > 1:
+        described = ", ".join(f"{name} is a {kind} array" for name, kind in kinds.items())
+        raise MixedArrayTypesError(
+            f"NumPy arrays and torch tensors cannot be mixed in one call ({described}); "
+            "convert them all to one kind first"
+        )
+    return next(iter(kinds.values()), "numpy")
+
+
+def torch_module():
+    """Import torch on first use, with a clear message when it is missing."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError as exc:  # pragma: no cover - torch is a requirement
+        raise ImportError("this part of attnlib needs PyTorch: pip install torch") from exc
+
+
+def torch_available():
+    """True when ``import torch`` works here."""
+    try:
+        torch_module()
+    except ImportError:  # pragma: no cover - torch is a requirement
+        return False
+    return True
+
+
+def as_array(x):
+    """Turn a list or scalar into a NumPy array; leave arrays and tensors alone."""
+    if is_tensor(x) or isinstance(x, np.ndarray):
+        return x
+    return np.asarray(x)

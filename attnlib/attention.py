@@ -1,0 +1,127 @@
+"""Scaled dot-product attention: ``softmax(Q K^T / sqrt(d_k) + mask) V``.
+
+:func:`attention` checks its inputs once and hands them to one of several
+backends that compute the same thing in different ways (see
+:mod:`attnlib.backends`). :func:`attention_weights` returns the attention
+matrix A itself, for plotting and for teaching.
+"""
+
+import importlib
+
+import numpy as np
+
+from .arrays import is_tensor, torch_available, torch_module
+from .backends.numpy_matrix import masked_scores
+from .softmax import stable_softmax
+from .validation import check_mask, check_qkv, check_scale
+
+_BACKEND_MODULES = {
+    "numpy": "attnlib.backends.numpy_matrix",
+    "loop": "attnlib.backends.loop",
+    "torch": "attnlib.backends.torch_naive",
+    "sdpa": "attnlib.backends.sdpa",
+}
+
+
+def backends():
+    """The names of the backends that can run on this machine, readable ones first."""
+    names = ["numpy", "loop"]
+    if torch_available():
+        names += ["torch", "sdpa"]
+    return names
+
+
+def backend_module(name):
+    """The module implementing backend ``name``; a ValueError lists the valid names."""
+    if name not in _BACKEND_MODULES or name not in backends():
+        raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}")
+    return importlib.import_module(_BACKEND_MODULES[name])
+
+
+def _to_backend_kind(arrays, kind, backend_kind, backend):
+    """Convert NumPy inputs for a torch backend; refuse tensors for a NumPy backend."""
+    if kind == backend_kind:
+        return arrays
+    if backend_kind == "numpy":
+        raise TypeError(
+            f"backend {backend!r} computes on NumPy arrays but got torch tensors; "
+            "use backend='torch' or 'sdpa', or pass tensor.numpy()"
+        )
+    torch = torch_module()
+    return [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+
+
+def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
+    """Scaled dot-product attention.
+
+    Parameters
+    ----------
+    q : array or tensor, shape (..., T_q, d_k)
+        Queries, one row per token. Leading (batch, head) dimensions broadcast.
+    k : array or tensor, shape (..., T_k, d_k)
+    v : array or tensor, shape (..., T_k, d_v)
+    mask : array or tensor, optional
+        Broadcastable to (..., T_q, T_k). Boolean: True where a query *may
+        attend* to a key (SDPA's convention). Float: added to the scores
+        (0 keeps a key, -inf drops it).
+    causal : bool
+        Let query i attend only to keys j <= i (a decoder, as in GPT).
+    scale : float, optional
+        Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
+    backend : str, optional
+        One of :func:`backends`. Defaults to ``"numpy"`` for NumPy input and
+        ``"torch"`` for tensors.
+
+    Returns
+    -------
+    Same kind as the input, shape (..., T_q, d_v): NumPy in, NumPy out; a
+    tensor in, a tensor out on the same device with the same dtype.
+
+    Raises
+    ------
+    ShapeError, MaskError, NonFiniteError (ValueError)
+        Shapes that do not fit, a mask that leaves a query no key, NaN or inf.
+    DTypeError, MixedArrayTypesError (TypeError)
+        Integer or complex input, or NumPy and torch mixed.
+    """
+    kind, shapes = check_qkv(q, k, v)
+    check_mask(mask, shapes, kind, causal=causal)
+    scale = check_scale(scale, shapes.d_k)
+    name = backend or ("torch" if kind == "torch" else "numpy")
+    module = backend_module(name)
+    q_b, k_b, v_b, mask_b = _to_backend_kind([q, k, v, mask], kind, module.ARRAY_KIND, name)
+    out = module.forward(q_b, k_b, v_b, mask_b, bool(causal), scale)
+    if kind == "numpy" and is_tensor(out):
+        return out.numpy()
+    return out
+
+
+def attention_weights(q, k, *, mask=None, causal=False, scale=None):
+    """The attention matrix ``A = softmax(Q K^T * scale + mask)``; every row sums to 1.
+
+    Parameters
+    ----------
+    q : array or tensor, shape (..., T_q, d_k)
+    k : array or tensor, shape (..., T_k, d_k)
+    mask, causal, scale
+        As for :func:`attention`.
+
+    Returns
+    -------
+    Same kind as the input, shape (..., T_q, T_k). Row i holds how much query i
+    takes from each key; masked keys get exactly 0.
+    """
+    kind, shapes = check_qkv(q, k)
+    check_mask(mask, shapes, kind, causal=causal)
+    scale = check_scale(scale, shapes.d_k)
+    if kind == "numpy":
+        return stable_softmax(masked_scores(q, k, mask, causal, scale), axis=-1)
+    torch = torch_module()
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
+    if causal:
+        keep = torch.ones(shapes.t_q, shapes.t_k, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+

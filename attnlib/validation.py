@@ -1,0 +1,209 @@
+"""Input checks shared by every attention function and every backend.
+
+Attention fails quietly when its inputs are wrong: a transposed ``k`` with
+d_k == T gives an answer of the right shape, and a NaN in one key spreads to
+every output row. So every public entry point runs these checks first and
+raises an error that names the argument and the shapes.
+
+Mask convention (the one ``torch.nn.functional.scaled_dot_product_attention``
+uses): a boolean mask is True where a query *may attend* to a key; a float mask
+is added to the scores, 0 to keep a key and -inf to drop it.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arrays import array_kind, torch_module
+from .errors import DTypeError, MaskError, NonFiniteError, ShapeError
+
+
+@dataclass(frozen=True)
+class AttentionShapes:
+    """The sizes read off validated ``q``, ``k`` and ``v``."""
+
+    batch_shape: tuple  # leading dims, broadcast over q, k and v
+    t_q: int  # number of queries
+    t_k: int  # number of keys (and values)
+    d_k: int  # query/key width
+    d_v: int  # value width (0 when no v was given)
+
+    @property
+    def score_shape(self):
+        return (*self.batch_shape, self.t_q, self.t_k)
+
+
+def _shape(x):
+    return tuple(int(s) for s in x.shape)
+
+
+def _is_float(x, kind):
+    if kind == "torch":
+        return x.is_floating_point()
+    return np.issubdtype(x.dtype, np.floating)
+
+
+def check_float(name, x, kind):
+    """Raise :class:`DTypeError` unless ``x`` holds real floating-point numbers."""
+    if not _is_float(x, kind):
+        raise DTypeError(
+            f"{name} must be a floating-point array, got dtype {x.dtype} with shape "
+            f"{_shape(x)}; convert it with .astype(np.float32) or .float()"
+        )
+
+
+def _all_finite(x, kind):
+    if kind == "torch":
+        return bool(torch_module().isfinite(x).all())
+    return bool(np.isfinite(x).all())
+
+
+def check_finite(name, x, kind):
+    """Raise :class:`NonFiniteError` if ``x`` holds NaN or +-inf."""
+    if not _all_finite(x, kind):
+        raise NonFiniteError(
+            f"{name} (shape {_shape(x)}) contains NaN or inf; attention would return "
+            "NaN for every query that sees it"
+        )
+
+
+def check_qkv(q, k, v=None):
+    """Check ranks, dtypes, finiteness and sizes of ``q``, ``k`` and ``v``.
+
+    Parameters
+    ----------
+    q : array, shape (..., T_q, d_k)
+    k : array, shape (..., T_k, d_k)
+    v : array or None, shape (..., T_k, d_v)
+
+    Returns
+    -------
+    kind : {"numpy", "torch"}
+    shapes : AttentionShapes
+    """
+    kind = array_kind(q=q, k=k, v=v)
+    named = {"q": q, "k": k} if v is None else {"q": q, "k": k, "v": v}
+    for name, x in named.items():
+        if x.ndim < 2:
+            raise ShapeError(
+                f"{name} must have at least 2 dimensions (..., T, d), got shape {_shape(x)}"
+            )
+    for name, x in named.items():
+        check_float(name, x, kind)
+    dtypes = {name: x.dtype for name, x in named.items()}
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{name} is {dt}" for name, dt in dtypes.items())
+        raise DTypeError(f"q, k and v must share one dtype ({listed})")
+    if q.shape[-1] != k.shape[-1]:
+        raise ShapeError(
+            f"k has d_k={k.shape[-1]} but q has d_k={q.shape[-1]} "
+            f"(q shape {_shape(q)}, k shape {_shape(k)})"
+        )
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ShapeError(
+            f"v has T_k={v.shape[-2]} rows but k has T_k={k.shape[-2]}: every key needs "
+            f"one value (k shape {_shape(k)}, v shape {_shape(v)})"
+        )
+    batch_shapes = {name: _shape(x)[:-2] for name, x in named.items()}
+    try:
+        batch_shape = tuple(np.broadcast_shapes(*batch_shapes.values()))
+    except ValueError:
+        listed = ", ".join(f"{name} {_shape(x)}" for name, x in named.items())
+        raise ShapeError(
+            f"the leading (batch, head) dimensions of q, k and v do not broadcast: {listed}"
+        ) from None
+    for name, x in named.items():
+        check_finite(name, x, kind)
+    shapes = AttentionShapes(
+        batch_shape=batch_shape,
+        t_q=int(q.shape[-2]),
+        t_k=int(k.shape[-2]),
+        d_k=int(q.shape[-1]),
+        d_v=0 if v is None else int(v.shape[-1]),
+    )
+    return kind, shapes
+
+
+def check_scale(scale, d_k):
+    """Return the softmax scale: ``1/sqrt(d_k)`` by default, else a positive finite float."""
+    if scale is None:
+        return 1.0 / float(np.sqrt(d_k))
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale must be a number, got {scale!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return value
+
+
+def check_mask(mask, shapes, kind, causal=False):
+    """Check a boolean or additive float mask against the score shape.
+
+    Raises :class:`MaskError` when the mask does not broadcast to
+    ``(..., T_q, T_k)``, when a float mask holds NaN or +inf, or when some query
+    row is left with no key it may attend to (its softmax would be 0/0).
+    Returns the mask unchanged.
+    """
+    if mask is None:
+        return None
+    if array_kind(mask=mask) != kind:
+        raise MaskError(
+            f"mask is a {array_kind(mask=mask)} array but q, k and v are {kind} arrays"
+        )
+    score_shape = shapes.score_shape
+    is_bool = (mask.dtype == torch_module().bool) if kind == "torch" else mask.dtype == np.bool_
+    if not is_bool and not _is_float(mask, kind):
+        raise DTypeError(
+            f"mask must be boolean (True = may attend) or float (added to the scores), "
+            f"got dtype {mask.dtype} with shape {_shape(mask)}"
+        )
+    try:
+        broadcast = tuple(np.broadcast_shapes(_shape(mask), score_shape))
+    except ValueError:
+        broadcast = None
+    if broadcast != score_shape:
+        raise MaskError(
+            f"mask of shape {_shape(mask)} does not broadcast to the score shape "
+            f"{score_shape} (batch..., T_q={shapes.t_q}, T_k={shapes.t_k})"
+        )
+    if is_bool:
+        allowed = mask
+    else:
+        if kind == "torch":
+            torch = torch_module()
+            bad = bool((torch.isnan(mask) | (mask == float("inf"))).any())
+        else:
+            bad = bool((np.isnan(mask) | (mask == np.inf)).any())
+        if bad:
+            raise MaskError(
+                f"float mask (shape {_shape(mask)}) contains NaN or +inf; use 0 to keep "
+                "a key and -inf to drop it"
+            )
+        allowed = mask > float("-inf")
+    _check_every_row_has_a_key(allowed, shapes, kind, causal)
+    return mask
+
+
+def _check_every_row_has_a_key(allowed, shapes, kind, causal):
+    if kind == "torch":
+        torch = torch_module()
+        if causal:
+            tri = torch.ones(shapes.t_q, shapes.t_k, dtype=torch.bool, device=allowed.device)
+            allowed = allowed & tri.tril()
+        empty = ~allowed.any(dim=-1)
+        if not bool(empty.any()):
+            return
+        where = tuple(int(i) for i in torch.nonzero(empty)[0].tolist())
+    else:
+        if causal:
+            allowed = allowed & np.tri(shapes.t_q, shapes.t_k, dtype=bool)
+        empty = ~np.any(allowed, axis=-1)
+        if not empty.any():
+            return
+        where = tuple(int(i) for i in np.argwhere(empty)[0])
+    raise MaskError(
+        f"the mask leaves query row {where[-1]} (index {where} of the mask's rows, "
+        f"score shape {shapes.score_shape}) with no key to attend to; its softmax would "
+        "be 0/0. Allow at least one key per query, or drop that query"
+    )
