@@ -7,6 +7,8 @@ matrix A itself, for plotting and for teaching.
 """
 
 import importlib
+import importlib.util
+import os
 
 import numpy as np
 
@@ -20,15 +22,26 @@ _BACKEND_MODULES = {
     "loop": "attnlib.backends.loop",
     "torch": "attnlib.backends.torch_naive",
     "sdpa": "attnlib.backends.sdpa",
+    "tiled": "attnlib.backends.tiled",
+    "triton": "attnlib.backends.triton_flash",
 }
+
+
+def _triton_usable():
+    """Triton is installed, and there is a GPU or the CPU interpreter is switched on."""
+    if importlib.util.find_spec("triton") is None or not torch_available():
+        return False
+    return os.environ.get("TRITON_INTERPRET") == "1" or torch_module().cuda.is_available()
 
 
 def backends():
     """The names of the backends that can run on this machine, readable ones first."""
-    names = ["numpy", "loop"]
+    names = ["numpy", "loop", "tiled"]
     if torch_available():
         names += ["torch", "sdpa"]
-    return names
+        if _triton_usable():
+            names.append("triton")
+    return [name for name in names if importlib.util.find_spec(_BACKEND_MODULES[name]) is not None]
 
 
 def backend_module(name):
