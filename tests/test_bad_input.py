@@ -1,0 +1,108 @@
+"""Bad input raises a ValueError or TypeError that names the argument and the shapes."""
+
+import numpy as np
+import pytest
+import torch
+
+import attnlib
+from attnlib import errors
+
+BACKENDS = [name for name in attnlib.backends() if name != "triton"]
+
+
+def _qkv(t_q=4, t_k=4, d_k=3, d_v=2, dtype=np.float64):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((t_q, d_k)).astype(dtype), rng.standard_normal((t_k, d_k)).astype(dtype),
+            rng.standard_normal((t_k, d_v)).astype(dtype))
+
+
+def _with(index, value):
+    args = list(_qkv())
+    args[index] = value
+    return args
+
+
+def _nan_in_k():
+    q, k, v = _qkv()
+    k[2, 1] = np.nan
+    return q, k, v
+
+
+def _inf_in_v():
+    q, k, v = _qkv()
+    v[0, 0] = np.inf
+    return q, k, v
+
+
+CASES = {
+    # name: (args, kwargs, error class, fragments the message must contain)
+    "q and k with different d_k": (_with(1, np.zeros((4, 5))), {}, errors.ShapeError, ["d_k=5", "d_k=3", "(4, 3)", "(4, 5)"]),
+    "k and v with different lengths": (_with(2, np.zeros((6, 2))), {}, errors.ShapeError, ["v has T_k=6", "k has T_k=4"]),
+    "q of rank 1": (_with(0, np.zeros(3)), {}, errors.ShapeError, ["q must have at least 2 dimensions", "(3,)"]),
+    "batch dims that do not broadcast": (
+        [np.zeros((2, 4, 3)), np.zeros((3, 4, 3)), np.zeros((3, 4, 2))], {}, errors.ShapeError, ["broadcast", "(2, 4, 3)"]),
+    "mask that does not broadcast": (list(_qkv()), {"mask": np.ones((3, 4), bool)}, errors.MaskError,
+                                     ["mask of shape (3, 4)", "(4, 4)"]),
+    "integer q": (_with(0, np.ones((4, 3), dtype=np.int64)), {}, errors.DTypeError, ["q must be a floating-point", "int64", "(4, 3)"]),
+    "complex k": (_with(1, np.ones((4, 3), dtype=np.complex128)), {}, errors.DTypeError, ["k must be", "complex128"]),
+    "integer mask": (list(_qkv()), {"mask": np.ones((4, 4), dtype=np.int64)}, errors.DTypeError, ["mask must be boolean"]),
+    "mixed dtypes": (_with(2, np.zeros((4, 2), np.float32)), {}, errors.DTypeError, ["v is float32", "q is float64"]),
+    "NaN in k": (list(_nan_in_k()), {}, errors.NonFiniteError, ["k (shape (4, 3)) contains NaN"]),
+    "inf in v": (list(_inf_in_v()), {}, errors.NonFiniteError, ["v (shape (4, 2))"]),
+    "NaN in a float mask": (list(_qkv()), {"mask": np.full((4, 4), np.nan)}, errors.MaskError, ["NaN or +inf"]),
+    "a query row with no allowed key": (
+        list(_qkv()), {"mask": np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]], bool)},
+        errors.MaskError, ["query row 1", "no key"]),
+    "a float mask that is -inf across a row": (
+        list(_qkv()), {"mask": np.where(np.arange(4)[:, None] == 3, -np.inf, 0.0) * np.ones((4, 4))},
+        errors.MaskError, ["query row 3"]),
+    "causal plus a mask that keeps only future keys": (
+        list(_qkv()), {"causal": True, "mask": np.array([[0, 1, 1, 1]] * 4, bool)}, errors.MaskError, ["query row 0"]),
+    "numpy and torch mixed": (_with(1, torch.zeros(4, 3, dtype=torch.float64)), {}, errors.MixedArrayTypesError,
+                              ["k is a torch array", "q is a numpy array"]),
+    "negative scale": (list(_qkv()), {"scale": -1.0}, ValueError, ["scale must be a positive"]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_raises_a_clear_error(case, backend):
+    args, kwargs, error, fragments = CASES[case]
+    with pytest.raises(error) as info:
+        attnlib.attention(*args, backend=backend, **kwargs)
+    assert isinstance(info.value, (ValueError, TypeError))
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa"])
+def test_torch_inputs_get_the_same_errors(backend):
+    q, k, v = (torch.from_numpy(a) for a in _qkv())
+    with pytest.raises(errors.ShapeError, match="d_k=5"):
+        attnlib.attention(q, torch.zeros(4, 5, dtype=torch.float64), v, backend=backend)
+    with pytest.raises(errors.DTypeError, match="int64"):
+        attnlib.attention(q.long(), k, v, backend=backend)
+    bad = k.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(errors.NonFiniteError, match="k"):
+        attnlib.attention(q, bad, v, backend=backend)
+    empty_row = torch.ones(4, 4, dtype=torch.bool)
+    empty_row[2] = False
+    with pytest.raises(errors.MaskError, match="query row 2"):
+        attnlib.attention(q, k, v, mask=empty_row, backend=backend)
+    with pytest.raises(errors.MaskError, match="does not broadcast"):
+        attnlib.attention(q, k, v, mask=torch.ones(2, 4, dtype=torch.bool), backend=backend)
+
+
+def test_attention_weights_and_score_matrix_validate_too():
+    q, k, _ = _qkv()
+    with pytest.raises(errors.ShapeError, match="d_k"):
+        attnlib.score_matrix(q, np.zeros((4, 5)))
+    with pytest.raises(errors.MaskError, match="query row"):
+        attnlib.attention_weights(q, k, mask=np.zeros((4, 4), bool))
+
+
+def test_project_qkv_names_the_weight_with_the_wrong_shape():
+    x = np.zeros((5, 6))
+    with pytest.raises(errors.ShapeError, match=r"w_k must be \(d_model, d_out\) with d_model=6.*\(4, 3\)"):
+        attnlib.project_qkv(x, np.zeros((6, 3)), np.zeros((4, 3)), np.zeros((6, 3)))
