@@ -7,8 +7,6 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JB     := $(BIN)/jupyter-book
-# Notebooks run with the repository's attnlib and never try to reach a GPU they lack.
-export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: book test unit nbval strict-book notebooks install clean

@@ -40,17 +40,21 @@ def plot_matrix(ax, matrix, *, row_labels=None, col_labels=None, cmap="viridis",
     if title:
         ax.set_title(title, pad=28 if col_labels is not None else 6)
     if annotate:
-        finite = matrix[np.isfinite(matrix)]
-        lo, hi = (vmin, vmax) if vmin is not None and vmax is not None else (
-            (finite.min(), finite.max()) if finite.size else (0.0, 1.0))
         for i in range(rows):
             for j in range(cols):
                 value = matrix[i, j]
                 text = "-inf" if np.isneginf(value) else fmt.format(value)
-                dark = np.isfinite(value) and hi > lo and (value - lo) / (hi - lo) > 0.6
-                ax.text(j, i, text, ha="center", va="center", fontsize=9,
-                        color="white" if dark else "black")
+                ax.text(j, i, text, ha="center", va="center", fontsize=9, color=_text_colour(image, value))
     return image
+
+
+def _text_colour(image, value):
+    """White on dark cells, black on light ones, judged by the cell's own colour."""
+    if not np.isfinite(value):
+        return "black"
+    red, green, blue, _ = image.cmap(image.norm(value))
+    luminance = 0.2126 * red + 0.7152 * green + 0.0722 * blue
+    return "white" if luminance < 0.5 else "black"
 
 
 def plot_qkv(tokens, q, k, v, *, figsize=(11, 3)):

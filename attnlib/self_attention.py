@@ -62,7 +62,7 @@ class SelfAttention:
             f"truncated the input from T={T} to max_seq_len={self.max_seq_len} tokens; "
             f"the last {T - self.max_seq_len} were dropped",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,  # _fit_length <- project <- __call__/weights <- the caller's line
         )
         return x[..., : self.max_seq_len, :]
 
