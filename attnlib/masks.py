@@ -25,16 +25,17 @@ def causal_mask(T, T_k=None):
     return np.tri(int(T), int(T_k), dtype=bool)  # (T, T_k), lower triangle incl. diagonal
 
 
-def to_additive(mask):
+def to_additive(mask, dtype=None):
     """Boolean "may attend" mask -> float mask of 0 (keep) and -inf (drop).
 
-    NumPy masks become float64, torch masks float32 on the mask's device.
+    ``dtype`` defaults to float64 for NumPy masks and float32 for torch masks
+    (on the mask's device); pass the scores' dtype when an API insists on it.
     """
     if is_tensor(mask):
         torch = torch_module()
-        zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        zeros = torch.zeros(mask.shape, dtype=dtype or torch.float32, device=mask.device)
         return zeros.masked_fill(~mask, float("-inf"))
-    return np.where(mask, 0.0, -np.inf)
+    return np.where(mask, 0.0, -np.inf).astype(dtype or np.float64)
 
 
 def to_ignore_mask(mask):

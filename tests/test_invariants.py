@@ -118,3 +118,12 @@ def test_project_qkv_multiplies_on_the_right(rng):
     q, k, v = attnlib.project_qkv(x, w_q, w_k, w_v)
     assert q.shape == (2, 5, 4) and v.shape == (2, 5, 3)
     np.testing.assert_allclose(q[1, 2], x[1, 2] @ w_q)
+
+
+def test_mask_conversions_between_conventions():
+    mask = attnlib.causal_mask(3)
+    additive = attnlib.masks.to_additive(mask, dtype=np.float32)
+    assert additive.dtype == np.float32 and additive[0, 1] == -np.inf and additive[1, 0] == 0
+    t_mask = torch.from_numpy(mask)
+    assert attnlib.masks.to_additive(t_mask, dtype=torch.float64).dtype == torch.float64
+    np.testing.assert_array_equal(attnlib.masks.to_ignore_mask(mask), ~mask)
