@@ -45,10 +45,17 @@ def backends():
 
 
 def backend_module(name):
-    """The module implementing backend ``name``; a ValueError lists the valid names."""
-    if name not in _BACKEND_MODULES or name not in backends():
+    """The module implementing backend ``name``; a ValueError lists the valid names.
+
+    NumPy backends load without importing torch, so NumPy-only use stays fast.
+    """
+    needs_torch = name in ("torch", "sdpa", "triton")
+    if name not in _BACKEND_MODULES or (needs_torch and name not in backends()):
         raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}")
-    return importlib.import_module(_BACKEND_MODULES[name])
+    try:
+        return importlib.import_module(_BACKEND_MODULES[name])
+    except ModuleNotFoundError:
+        raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}") from None
 
 
 def _to_backend_kind(arrays, kind, backend_kind, backend):

@@ -32,3 +32,13 @@ def test_device_says_cuda_only_when_torch_sees_a_gpu(monkeypatch):
     assert attnlib.device() == ("cuda" if torch.cuda.is_available() else "cpu")
     monkeypatch.setenv("ATTNLIB_FORCE_CPU", "1")
     assert attnlib.device() == "cpu"
+
+
+def test_numpy_attention_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, attnlib; q = np.ones((3, 2)); attnlib.attention(q, q, q); "
+            "attnlib.attention(q, q, q, backend='loop'); print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

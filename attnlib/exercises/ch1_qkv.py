@@ -1,0 +1,175 @@
+"""Chapter 1, Query, Key and Value: counting weights, projecting, and what a row depends on."""
+
+import numpy as np
+
+from ..examples import THE_CAT_SAT
+from ..projections import project_qkv
+from .core import Case, ChoiceExercise, FunctionExercise, Mistake, ValueExercise
+
+# A layer the size of one GPT-2 small attention layer.
+GPT2_SMALL = {"d_model": 768, "n_heads": 12, "d_head": 64}
+
+
+def _qkv_parameters(d_model, n_heads, d_head):
+    """Entries of W_Q, W_K and W_V together, every head included, no biases."""
+    return 3 * d_model * n_heads * d_head
+
+
+qkv_parameter_count = ValueExercise(
+    id="ch1.qkv_parameter_count",
+    title="Count the projection weights",
+    kind="by hand",
+    task=(
+        "A layer the size of one GPT-2 small attention layer has $d_{model} = 768$ and 12 heads, "
+        "each with $d_k = d_v = 64$. Every head has its own $W_Q$, $W_K$ and $W_V$ of shape "
+        "$(d_{model}, d_k)$. How many numbers do the query, key and value weights of all heads "
+        "hold together? (Leave out biases and the output projection.)"
+    ),
+    starter="answer = ...  # a whole number",
+    solution=(
+        "d_model, n_heads, d_head = 768, 12, 64\n"
+        "per_matrix = d_model * d_head  # one head's W_Q: (d_model, d_k)\n"
+        "answer = 3 * n_heads * per_matrix  # W_Q, W_K and W_V for every head\n"
+        'print(f"{answer:,} weights")'
+    ),
+    answer_name="answer",
+    expected=lambda: _qkv_parameters(**GPT2_SMALL),
+    rtol=1e-9,
+    hint="count the entries of one (d_model, d_k) matrix, then how many such matrices there are",
+    mistakes={
+        "one_matrix_type": Mistake(
+            lambda: _qkv_parameters(**GPT2_SMALL) // 3,
+            "that is one kind of matrix: count W_Q, W_K and W_V",
+        ),
+        "one_head": Mistake(
+            lambda: _qkv_parameters(**GPT2_SMALL) // GPT2_SMALL["n_heads"],
+            "that is one head: every one of the 12 heads has its own three matrices",
+        ),
+    },
+    explanation=(
+        "With 12 heads of 64, the heads together are exactly as wide as the model (12 × 64 = 768), "
+        "so the three projections of all heads are three $768 \\times 768$ matrices."
+    ),
+)
+
+
+def _project_cases():
+    rng = np.random.default_rng(101)
+    return [
+        Case('"the cat sat": x of shape (3, 4), w_q of shape (4, 4)', (THE_CAT_SAT.x, THE_CAT_SAT.w_q)),
+        Case("x of shape (5, 6), w_q of shape (6, 3)", (rng.normal(size=(5, 6)), rng.normal(size=(6, 3)))),
+        Case(
+            "a batch: x of shape (2, 4, 6), w_q of shape (6, 3)",
+            (rng.normal(size=(2, 4, 6)), rng.normal(size=(6, 3))),
+        ),
+    ]
+
+
+def _projected(case):
+    x, w_q = case.args
+    q, _, _ = project_qkv(x, w_q, w_q, w_q)
+    return q
+
+
+def _project_diagnose(case, given, answer):
+    x, w_q = case.args
+    expected = x @ w_q
+    given = np.asarray(given)
+    if given.shape == expected.swapaxes(-2, -1).shape and np.allclose(given, expected.swapaxes(-2, -1)):
+        return "you returned Q transposed, one column per token: keep one row per token, Q = X @ W_Q"
+    return None
+
+
+def _column_convention(x, w_q):
+    return w_q.T @ x.swapaxes(-2, -1)  # (d_k, d_model) @ (..., d_model, T) -> (..., d_k, T)
+
+
+project_queries = FunctionExercise(
+    id="ch1.project_queries",
+    title="Project embeddings to queries",
+    kind="implement",
+    task=(
+        "Write `project_queries(x, w_q)` that turns embeddings `x` of shape `(..., T, d_model)` into "
+        "queries of shape `(..., T, d_k)`, with `w_q` of shape `(d_model, d_k)`. It must work for "
+        "one sentence and for a batch of sentences."
+    ),
+    starter="def project_queries(x, w_q):\n    ...  # your code here",
+    solution=(
+        "def project_queries(x, w_q):\n"
+        "    return x @ w_q  # (..., T, d_model) @ (d_model, d_k) -> (..., T, d_k)"
+    ),
+    answer_name="project_queries",
+    cases=_project_cases,
+    expected=_projected,
+    diagnose=_project_diagnose,
+    mistakes={
+        "transposed_weights": Mistake(
+            lambda x, w_q: x @ w_q.T,
+            "with one row per token, multiply by W_Q itself: Q = X @ W_Q, not X @ W_Q.T",
+        ),
+        "column_convention": Mistake(
+            _column_convention,
+            "you returned Q transposed, one column per token: keep one row per token, Q = X @ W_Q",
+        ),
+    },
+    explanation=(
+        "`@` multiplies the last two axes and carries any leading (batch) axes along, so the one "
+        "line serves a sentence and a batch alike."
+    ),
+)
+
+
+def _rows_that_change():
+    """Perturb row 0 of X and report which rows of Q move."""
+    ex = THE_CAT_SAT
+    x = ex.x.copy()
+    x[0] += 1.0
+    q_before, _, _ = project_qkv(ex.x, ex.w_q, ex.w_k, ex.w_v)
+    q_after, _, _ = project_qkv(x, ex.w_q, ex.w_k, ex.w_v)
+    return tuple(int(i) for i in np.flatnonzero(~np.isclose(q_before, q_after).all(axis=-1)))
+
+
+def _row_dependence():
+    return "a" if _rows_that_change() == (0,) else "b"
+
+
+row_depends_on = ChoiceExercise(
+    id="ch1.row_depends_on",
+    title="What does one query depend on?",
+    kind="predict",
+    task=(
+        "In $Q = X W_Q$, the query of token $i$ is row $i$ of $Q$. Which rows of $X$ does it depend on?\n\n"
+        "- **a**: only row $i$ of $X$, token $i$'s own embedding\n"
+        "- **b**: every row of $X$\n"
+        "- **c**: only column $i$ of $X$\n\n"
+        'Set `answer` to `"a"`, `"b"` or `"c"`.'
+    ),
+    starter='answer = ...  # "a", "b" or "c"',
+    solution=(
+        "ex = attnlib.examples.THE_CAT_SAT\n"
+        "x = ex.x.copy()\n"
+        'x[0] += 1.0  # change the embedding of "the" only\n'
+        "moved = ~np.isclose(x @ ex.w_q, ex.x @ ex.w_q).all(axis=-1)\n"
+        'print("queries that moved:", [tok for tok, m in zip(ex.tokens, moved) if m])\n'
+        'answer = "a"'
+    ),
+    answer_name="answer",
+    options={"a": "only row i of X", "b": "every row of X", "c": "only column i of X"},
+    expected=_row_dependence,
+    mistakes={
+        "every_row": Mistake(
+            lambda: "b",
+            "the projection mixes the features of one token, never two tokens: "
+            "mixing tokens is attention's job",
+        ),
+        "column": Mistake(
+            lambda: "c", "rows of X are tokens; a column of X is one feature across all tokens"
+        ),
+    },
+    explanation=(
+        "Row $i$ of $XW_Q$ is $x_i W_Q$: the projection looks at one token at a time. Tokens first "
+        "meet in the score matrix $QK^\\top$."
+    ),
+)
+
+EXERCISES = (qkv_parameter_count, project_queries, row_depends_on)

@@ -1,0 +1,358 @@
+"""Chapter 4, Scale and softmax: a weight by hand, a softmax that cannot overflow, two bugs, a prediction."""
+
+import numpy as np
+
+from ..attention import attention_weights
+from ..examples import PRIMER_SOFTMAX_D_K, PRIMER_SOFTMAX_SCORES, THE_CAT_SAT
+from ..softmax import softmax
+from .core import (
+    HINT_OVERFLOW,
+    Case,
+    ChoiceExercise,
+    FunctionExercise,
+    Mistake,
+    ValueExercise,
+    as_numeric_array,
+    weights_hint,
+)
+
+HINT_GLOBAL_MAX = "subtract each row's own maximum (keepdims=True), not the maximum of the whole array"
+HINT_SQRT_T = "the weights change when T changes but not when d_k changes: you scaled by sqrt(T)"
+
+
+def _primer_weight(scale):
+    return float(softmax(PRIMER_SOFTMAX_SCORES * scale)[-1])
+
+
+softmax_weight = ValueExercise(
+    id="ch4.softmax_weight",
+    title="One softmax weight",
+    kind="by hand",
+    task=(
+        'The primer\'s softmax illustration (a made-up score row, not one from "the cat sat") has '
+        "scores $[2, 4, 6]$ for three keys and $d_k = 4$ (`attnlib.examples.PRIMER_SOFTMAX_SCORES`). "
+        "Scale the scores by $1/\\sqrt{d_k}$, take the softmax, and give the weight of the third key. "
+        "Two decimal places are enough."
+    ),
+    starter="answer = ...  # a number between 0 and 1",
+    solution=(
+        "scores = attnlib.examples.PRIMER_SOFTMAX_SCORES\n"
+        "scaled = scores / np.sqrt(attnlib.examples.PRIMER_SOFTMAX_D_K)  # [1, 2, 3]\n"
+        "exps = np.exp(scaled)\n"
+        "answer = float(exps[-1] / exps.sum())  # e^3 / (e^1 + e^2 + e^3)\n"
+        'print(f"scaled scores {scaled}, weights {np.round(exps / exps.sum(), 3)}")'
+    ),
+    answer_name="answer",
+    expected=lambda: _primer_weight(1 / np.sqrt(PRIMER_SOFTMAX_D_K)),
+    atol=5e-3,
+    tolerance_text="to 2 decimal places",
+    hint="divide each score by sqrt(d_k), exponentiate, and divide the third exponential by the sum of all",
+    mistakes={
+        "unscaled": Mistake(
+            lambda: _primer_weight(1.0), "you skipped the scaling: divide the scores by sqrt(d_k) first"
+        ),
+        "divided_by_d_k": Mistake(
+            lambda: _primer_weight(1 / PRIMER_SOFTMAX_D_K), "you divided by d_k: divide by its square root"
+        ),
+    },
+    explanation=(
+        "Without the scale the same row gives the third key a much larger share: scaling softens the softmax."
+    ),
+)
+
+
+def _softmax_cases():
+    rng = np.random.default_rng(404)
+    masked = rng.normal(size=(2, 3, 4))
+    masked[..., 1:][rng.random(size=(2, 3, 3)) < 0.4] = -np.inf  # column 0 stays finite
+    return [
+        Case("the primer's row [2, 4, 6], shape (3,)", (PRIMER_SOFTMAX_SCORES.copy(),)),
+        Case("ordinary scores, shape (4, 6)", (rng.normal(size=(4, 6)),)),
+        Case("large scores, up to a few thousand, shape (3, 5)", (1000 * rng.normal(size=(3, 5)),)),
+        Case(
+            "one row near +1000 and one near -1000, shape (2, 4)",
+            (np.stack([1000 + rng.normal(size=4), -1000 + rng.normal(size=4)]),),
+        ),
+        Case("axis=0 on shape (5, 3)", (rng.normal(size=(5, 3)),), {"axis": 0}),
+        Case("masked keys (-inf) in shape (2, 3, 4)", (masked,)),
+    ]
+
+
+def _softmax_expected(case):
+    return softmax(*case.args, **case.kwargs)
+
+
+def _global_max_softmax(x, axis=-1):
+    exps = np.exp(x - np.max(x))
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def _naive_softmax(x, axis=-1):
+    exps = np.exp(x)
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def _no_keepdims_softmax(x, axis=-1):
+    exps = np.exp(x - x.max(axis=axis))
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def _matches(reference_fn, args, given):
+    with np.errstate(all="ignore"):
+        reference = reference_fn(*args)
+    return reference.shape == given.shape and np.allclose(reference, given, equal_nan=True)
+
+
+def _nonfinite_hint(scores, given, global_max_version):
+    """Overflow or a global maximum, read off an output that holds inf or NaN."""
+    if _matches(global_max_version, (), given):
+        return HINT_GLOBAL_MAX
+    finite = scores[np.isfinite(scores)]
+    return HINT_OVERFLOW if finite.size and np.abs(finite).max() > 50 else None
+
+
+def _softmax_diagnose(case, given, answer):
+    (x,) = case.args
+    axis = case.kwargs.get("axis", -1)
+    given = as_numeric_array(given)
+    if given is None or given.shape != x.shape:
+        return None
+    given = given.astype(np.float64)
+    if not np.isfinite(given).all():
+        return _nonfinite_hint(x, given, lambda: _global_max_softmax(x, axis))
+    if axis != -1 and np.allclose(given.sum(axis=-1), 1.0):
+        return f"you ignored the axis argument: this case asks for axis={axis}"
+    return weights_hint(given, axis) if given.ndim >= 2 else None
+
+
+stable_softmax = FunctionExercise(
+    id="ch4.stable_softmax",
+    title="A softmax that does not overflow",
+    kind="implement",
+    task=(
+        "Write `my_softmax(x, axis=-1)` that returns the softmax of `x` along `axis`: non-negative "
+        "entries that sum to 1 along that axis. It must stay finite for scores in the thousands, "
+        "where `np.exp` alone overflows, and give exactly 0 to entries of `-inf` (masked keys)."
+    ),
+    starter="def my_softmax(x, axis=-1):\n    ...  # your code here",
+    solution=(
+        "def my_softmax(x, axis=-1):\n"
+        "    shifted = x - np.max(x, axis=axis, keepdims=True)  # every entry <= 0 now\n"
+        "    exps = np.exp(shifted)  # so every exp is in [0, 1]: no overflow\n"
+        "    return exps / np.sum(exps, axis=axis, keepdims=True)"
+    ),
+    answer_name="my_softmax",
+    cases=_softmax_cases,
+    expected=_softmax_expected,
+    diagnose=_softmax_diagnose,
+    mistakes={
+        "naive": Mistake(_naive_softmax, HINT_OVERFLOW),
+        "global_max": Mistake(_global_max_softmax, HINT_GLOBAL_MAX),
+        "ignores_axis": Mistake(lambda x, axis=-1: softmax(x, axis=-1), "you ignored the axis argument"),
+        "no_keepdims": Mistake(
+            _no_keepdims_softmax,
+            "keep the reduced axis so it broadcasts against x: np.max(x, axis=axis, keepdims=True)",
+        ),
+    },
+    explanation=(
+        "Subtracting the row maximum cancels between numerator and denominator, so the result is "
+        "unchanged, but the largest exponent is now $e^0 = 1$. `attnlib.softmax` does the same."
+    ),
+)
+
+_SHIPPED_MISSING_MAX = """def my_softmax_weights(q, k):
+    d_k = q.shape[-1]
+    scores = q @ k.swapaxes(-2, -1) / np.sqrt(d_k)  # (..., T_q, T_k)
+    exps = np.exp(scores)
+    return exps / exps.sum(axis=-1, keepdims=True)  # each row sums to 1"""
+
+
+def _weights_cases(seed):
+    rng = np.random.default_rng(seed)
+    ex = THE_CAT_SAT
+    two_heads_q = rng.normal(size=(2, 4, 8))
+    two_heads_k = rng.normal(size=(2, 4, 8))
+    two_heads_q[1] *= 40
+    two_heads_k[1] *= 40
+    return [
+        Case('"the cat sat": q and k of shape (3, 4)', (ex.q, ex.k)),
+        Case("T=6 tokens, d_k=2", (rng.normal(size=(6, 2)), rng.normal(size=(6, 2)))),
+        Case("a batch of 2, T=2, d_k=16", (rng.normal(size=(2, 2, 16)), rng.normal(size=(2, 2, 16)))),
+        Case(
+            "large scores (in the thousands), T=5, d_k=8",
+            (30 * rng.normal(size=(5, 8)), 30 * rng.normal(size=(5, 8))),
+        ),
+        Case(
+            "two heads of T=4, d_k=8: head 0 ordinary, head 1 with scores in the thousands",
+            (two_heads_q, two_heads_k),
+        ),
+    ]
+
+
+def _weights_expected(case):
+    return attention_weights(*case.args)
+
+
+def _scaled_scores(q, k):
+    return q @ k.swapaxes(-2, -1) / np.sqrt(q.shape[-1])  # (..., T_q, T_k)
+
+
+def _weights_diagnose(case, given, answer):
+    q, k = case.args
+    given = as_numeric_array(given)
+    scores = _scaled_scores(q, k)
+    if given is None or given.shape != scores.shape:
+        return None
+    given = given.astype(np.float64)
+    if not np.isfinite(given).all():
+        return _nonfinite_hint(scores, given, lambda: _global_max_softmax(scores))
+    return weights_hint(given)
+
+
+fix_missing_max = FunctionExercise(
+    id="ch4.fix_missing_max",
+    title="Find the bug: the weights turn into NaN",
+    kind="find the bug",
+    task=(
+        "This function computes attention weights and looks right: it scales by $\\sqrt{d_k}$ and "
+        "normalises each row. On the running example it agrees with `attnlib.attention_weights`, "
+        "but on some inputs it returns NaN. Find the mistake and fix it in the cell."
+    ),
+    starter=_SHIPPED_MISSING_MAX,
+    solution=(
+        "def my_softmax_weights(q, k):\n"
+        "    d_k = q.shape[-1]\n"
+        "    scores = q @ k.swapaxes(-2, -1) / np.sqrt(d_k)  # (..., T_q, T_k)\n"
+        "    scores = scores - scores.max(axis=-1, keepdims=True)  # the fix: largest exp is now 1\n"
+        "    exps = np.exp(scores)\n"
+        "    return exps / exps.sum(axis=-1, keepdims=True)  # each row sums to 1"
+    ),
+    answer_name="my_softmax_weights",
+    cases=lambda: _weights_cases(405),
+    expected=_weights_expected,
+    diagnose=_weights_diagnose,
+    mistakes={
+        "no_max": Mistake(lambda q, k: _naive_softmax(_scaled_scores(q, k)), HINT_OVERFLOW),
+        "global_max": Mistake(lambda q, k: _global_max_softmax(_scaled_scores(q, k)), HINT_GLOBAL_MAX),
+    },
+    explanation=(
+        "`np.exp` overflows to `inf` a little above 709 in float64 (and above 88 in float32), and "
+        "`inf / inf` is NaN. Large activations or a missing scale can produce such scores, and in "
+        "float16 the limit is only about 11."
+    ),
+)
+
+_SHIPPED_SQRT_T = """def my_attention_weights(q, k):
+    T = q.shape[-2]
+    scores = q @ k.swapaxes(-2, -1) / np.sqrt(T)  # (..., T, T)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    exps = np.exp(scores)
+    return exps / exps.sum(axis=-1, keepdims=True)"""
+
+
+def _scaled_by(scale_of):
+    def weights(q, k):
+        return softmax(q @ k.swapaxes(-2, -1) * scale_of(q), axis=-1)
+
+    return weights
+
+
+fix_sqrt_t = FunctionExercise(
+    id="ch4.fix_sqrt_t",
+    title="Find the bug: the wrong scale",
+    kind="find the bug",
+    task=(
+        "This function should compute $\\mathrm{softmax}(QK^\\top / \\sqrt{d_k})$ row by row, but one "
+        "line is wrong. Compare its output with `attnlib.attention_weights` on a few shapes, find "
+        "the mistake, and fix it in the cell."
+    ),
+    starter=_SHIPPED_SQRT_T,
+    solution=(
+        "def my_attention_weights(q, k):\n"
+        "    d_k = q.shape[-1]  # the fix: the width of a query, not the number of tokens\n"
+        "    scores = q @ k.swapaxes(-2, -1) / np.sqrt(d_k)  # (..., T, T)\n"
+        "    scores = scores - scores.max(axis=-1, keepdims=True)\n"
+        "    exps = np.exp(scores)\n"
+        "    return exps / exps.sum(axis=-1, keepdims=True)"
+    ),
+    answer_name="my_attention_weights",
+    cases=lambda: _weights_cases(406)[:3],
+    expected=_weights_expected,
+    diagnose=lambda case, given, answer: weights_hint(given),
+    mistakes={
+        "sqrt_t": Mistake(_scaled_by(lambda q: 1 / np.sqrt(q.shape[-2])), HINT_SQRT_T),
+        "unscaled": Mistake(
+            _scaled_by(lambda q: 1.0), "you removed the scaling: divide the scores by sqrt(d_k)"
+        ),
+        "d_k": Mistake(
+            _scaled_by(lambda q: 1 / q.shape[-1]), "you divided by d_k: divide by its square root"
+        ),
+    },
+    explanation=(
+        "The scale corrects for the length of the vectors being dotted, $d_k$, not for how many "
+        "tokens there are. The bug hides whenever $T = d_k$."
+    ),
+)
+
+
+def _mean_max_weight(d_k, rng):
+    q = rng.normal(size=(32, 16, d_k))  # 32 sentences of 16 tokens, unit-variance entries
+    k = rng.normal(size=(32, 16, d_k))
+    return float(attention_weights(q, k, scale=1.0).max(axis=-1).mean())  # unscaled
+
+
+def _trend_without_scaling():
+    rng = np.random.default_rng(407)
+    small, large = _mean_max_weight(4, rng), _mean_max_weight(1024, rng)
+    if large > small + 0.1:
+        return "b"
+    return "a" if large < small - 0.1 else "c"
+
+
+no_scaling = ChoiceExercise(
+    id="ch4.no_scaling",
+    title="Without the scale",
+    kind="predict",
+    task=(
+        "Suppose we leave out the $1/\\sqrt{d_k}$ and compute $\\mathrm{softmax}(QK^\\top)$ for random "
+        "queries and keys with unit-variance entries. As $d_k$ grows, what happens to each row of "
+        "weights?\n\n"
+        "- **a**: the weights spread out evenly over the keys\n"
+        "- **b**: the weights pile up on one key per query, close to one-hot\n"
+        "- **c**: the weights do not change\n\n"
+        'Set `answer` to `"a"`, `"b"` or `"c"`.'
+    ),
+    starter='answer = ...  # "a", "b" or "c"',
+    solution=(
+        "rng = np.random.default_rng(0)\n"
+        "for d_k in (4, 64, 1024):\n"
+        "    q, k = rng.normal(size=(2, 16, d_k))  # 16 tokens\n"
+        "    weights = attnlib.attention_weights(q, k, scale=1.0)  # no 1/sqrt(d_k)\n"
+        '    print(f"d_k={d_k:>4}: average largest weight per row {weights.max(axis=-1).mean():.2f}")\n'
+        'answer = "b"'
+    ),
+    answer_name="answer",
+    options={
+        "a": "the weights spread out evenly",
+        "b": "the weights pile up on one key per query",
+        "c": "the weights do not change",
+    },
+    expected=_trend_without_scaling,
+    hint="a dot product of d_k unit-variance terms has variance d_k: what does softmax do with large scores?",
+    mistakes={
+        "even": Mistake(
+            lambda: "a",
+            "larger scores make softmax sharper, not flatter: the gaps between scores grow with sqrt(d_k)",
+        ),
+        "unchanged": Mistake(
+            lambda: "c", "the scores' spread grows with d_k, and softmax reacts to the spread"
+        ),
+    },
+    explanation=(
+        "The spread of an unscaled score grows like $\\sqrt{d_k}$, and a softmax of widely spread "
+        "scores is nearly one-hot, which also leaves almost no gradient for the other keys. "
+        "Dividing by $\\sqrt{d_k}$ brings the spread back to about 1."
+    ),
+)
+
+EXERCISES = (softmax_weight, stable_softmax, fix_missing_max, fix_sqrt_t, no_scaling)
