@@ -1,6 +1,6 @@
 """Multi-head attention: split d_model into heads, attend per head, concatenate, project.
 
-Head h uses columns ``h*d_head`` to ``(h+1)*d_head`` of the projected Q, K and V,
+Head j uses columns ``j*d_head`` to ``(j+1)*d_head`` of the projected Q, K and V,
 the layout ``torch.nn.MultiheadAttention`` uses, so the same weights give the
 same answer there and here.
 """
