@@ -113,6 +113,11 @@ def check_qkv(q, k, v=None):
             f"the leading (batch, head) dimensions of q, k and v do not broadcast: {listed}"
         ) from None
     for name, x in named.items():
+        if 0 in _shape(x)[-2:]:
+            raise ShapeError(
+                f"{name} has shape {_shape(x)}: its length and width must both be at least 1"
+            )
+    for name, x in named.items():
         check_finite(name, x, kind)
     shapes = AttentionShapes(
         batch_shape=batch_shape,
@@ -186,24 +191,36 @@ def check_mask(mask, shapes, kind, causal=False):
 
 
 def _check_every_row_has_a_key(allowed, shapes, kind, causal):
+    """Raise MaskError if some query row may attend to no key.
+
+    Works on the mask's own (possibly broadcast) shape: under a causal mask a
+    row i is empty when its first allowed key comes after i, so no (T_q, T_k)
+    array is built here even for very long sequences.
+    """
+    rows = allowed.shape[-2] if allowed.ndim >= 2 else 1
     if kind == "torch":
         torch = torch_module()
+        has_any = allowed.any(dim=-1)
+        empty = ~has_any
         if causal:
-            tri = torch.ones(shapes.t_q, shapes.t_k, dtype=torch.bool, device=allowed.device)
-            allowed = allowed & tri.tril()
-        empty = ~allowed.any(dim=-1)
+            first = allowed.to(torch.uint8).argmax(dim=-1)  # index of the first allowed key
+            row_index = torch.arange(rows, device=allowed.device) if rows == shapes.t_q else 0
+            empty = empty | (first > row_index)
         if not bool(empty.any()):
             return
         where = tuple(int(i) for i in torch.nonzero(empty)[0].tolist())
     else:
+        has_any = np.any(allowed, axis=-1)
+        empty = ~has_any
         if causal:
-            allowed = allowed & np.tri(shapes.t_q, shapes.t_k, dtype=bool)
-        empty = ~np.any(allowed, axis=-1)
+            first = np.argmax(allowed, axis=-1)  # index of the first allowed key
+            row_index = np.arange(rows) if rows == shapes.t_q else 0
+            empty = empty | (first > row_index)
         if not empty.any():
             return
         where = tuple(int(i) for i in np.argwhere(empty)[0])
     raise MaskError(
-        f"the mask leaves query row {where[-1]} (index {where} of the mask's rows, "
+        f"the mask leaves query row {where[-1] if where else 0} (index {where} of the mask's rows, "
         f"score shape {shapes.score_shape}) with no key to attend to; its softmax would "
         "be 0/0. Allow at least one key per query, or drop that query"
     )

@@ -106,3 +106,25 @@ def test_project_qkv_names_the_weight_with_the_wrong_shape():
     x = np.zeros((5, 6))
     with pytest.raises(errors.ShapeError, match=r"w_k must be \(d_model, d_out\) with d_model=6.*\(4, 3\)"):
         attnlib.project_qkv(x, np.zeros((6, 3)), np.zeros((4, 3)), np.zeros((6, 3)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_sequences_and_zero_widths_are_refused(backend):
+    q, k, v = _qkv()
+    with pytest.raises(errors.ShapeError, match=r"k has shape \(0, 3\)"):
+        attnlib.attention(q, np.zeros((0, 3)), np.zeros((0, 2)), backend=backend)
+    with pytest.raises(errors.ShapeError, match="at least 1"):
+        attnlib.attention(np.zeros((4, 0)), np.zeros((4, 0)), v, backend=backend)
+
+
+@pytest.mark.parametrize("mask_rows", [1, 4])
+def test_causal_with_a_mask_that_drops_early_keys_names_the_empty_row(mask_rows):
+    q, k, v = _qkv()
+    mask = np.ones((mask_rows, 4), bool)
+    mask[:, :2] = False  # only keys 2 and 3: rows 0 and 1 see nothing under causal
+    with pytest.raises(errors.MaskError, match="query row 0"):
+        attnlib.attention(q, k, v, mask=mask, causal=True)
+    with pytest.raises(errors.MaskError, match="query row 0"):
+        attnlib.attention(*(torch.from_numpy(a) for a in (q, k, v)), mask=torch.from_numpy(mask), causal=True)
+    mask[:, 0] = True
+    assert np.isfinite(attnlib.attention(q, k, v, mask=mask, causal=True)).all()

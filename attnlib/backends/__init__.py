@@ -8,4 +8,6 @@ inputs that :mod:`attnlib.validation` has already checked, and a module-level
 - ``loop``: one query at a time, as the token-by-token derivation writes it.
 - ``torch``: the same matrix form in explicit torch ops (the book's CUDA path).
 - ``sdpa``: PyTorch's fused ``scaled_dot_product_attention``.
+- ``tiled``: online softmax over key blocks in NumPy; never builds the T x T matrix.
+- ``triton``: a FlashAttention-2-style Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1).
 """

@@ -1,0 +1,216 @@
+"""Attention without the (T_q, T_k) score matrix: online softmax over key blocks, in NumPy.
+
+The matrix form (:mod:`attnlib.backends.numpy_matrix`) builds every score
+``S = Q K^T * scale`` at once, T_q x T_k numbers, and only then takes each
+row's softmax. Here the queries are cut into blocks of ``block_size`` rows, and
+each query block walks over the keys ``block_size`` at a time, keeping three
+running quantities per query row i (online softmax, Milakov and Gimelshein
+2018, as FlashAttention uses it):
+
+    m_i   the largest score seen so far                          (block_q,)
+    l_i   sum over the keys seen so far of exp(s_ij - m_i)        (block_q,)
+    acc   sum over the keys seen so far of exp(s_ij - m_i) v_j    (block_q, d_v)
+
+When the scores ``S_blk`` of the next key block arrive::
+
+    m_new = max(m_i, rowmax(S_blk))
+    P     = exp(S_blk - m_new)
+    alpha = exp(m_i - m_new)            # moves the old sums onto the new maximum
+    l_i   = alpha * l_i + rowsum(P)
+    acc   = alpha * acc + P @ V_blk
+    m_i   = m_new
+
+and after the last key block the output rows are ``acc / l_i``. Multiplying by
+``alpha`` is exact, not an approximation: every term already in ``l_i`` and
+``acc`` carries a factor ``exp(-m_i)``, and ``alpha * exp(-m_i)`` is
+``exp(-m_new)``. So the result is softmax(S) V, the same numbers as the matrix
+form up to rounding.
+
+This is the algorithm of FlashAttention (Dao et al. 2022), with the loop order
+of FlashAttention-2 (Dao 2023): query blocks outside, key blocks inside, and
+the division by ``l_i`` once at the end.
+
+Memory: each worker holds one (block_size, block_size) block of scores, and the
+whole call O(T * d) more (the scaled queries and the output), never a
+(T_q, T_k) matrix. A
+user's mask is read block by block (a (T_q, T_k) mask is the user's memory, not
+the backend's).
+
+Masks: with ``causal``, key blocks entirely above the diagonal are skipped and
+only blocks that cross it are masked entry by entry. A boolean mask (True = may
+attend) sets dropped scores to -inf; a float mask is added to the scores.
+
+Speed: NumPy runs element-wise operations (max, exp) on one core and matrix
+products on all of them. To use every core, independent (batch, head, query
+block) tasks go to a small thread pool, with the matrix-product library held to
+one thread per task (``threadpoolctl``); NumPy releases the GIL inside
+``exp`` and ``matmul``, so the tasks really run in parallel.
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from ..errors import ShapeError
+from ..validation import check_mask, check_qkv, check_scale
+
+ARRAY_KIND = "numpy"
+
+BLOCK_SIZE = 512  # queries per block and keys per block: 1 MiB of float32 scores per worker
+
+
+def key_blocks(i0, n_q, t_k, block_size, causal):
+    """The key blocks that query rows ``i0 : i0 + n_q`` visit, as ``(j0, j1, on_diagonal)``.
+
+    Without ``causal`` that is every block of ``block_size`` keys. With it, a
+    block whose first key comes after the last query row (``j0 > i0 + n_q - 1``)
+    is skipped: every score in it would be masked. ``on_diagonal`` is True for a
+    visited block that still holds some key j > i for some row i, so it needs
+    the causal mask entry by entry; the blocks below the diagonal need none.
+    """
+    end = min(t_k, i0 + n_q) if causal else t_k
+    for j0 in range(0, end, block_size):
+        j1 = min(j0 + block_size, t_k)
+        yield j0, j1, causal and j1 - 1 > i0
+
+
+def _attend_query_block(q_blk, k, v, mask, i0, causal, block_size):
+    """Output rows ``i0 : i0 + len(q_blk)`` by online softmax over blocks of keys.
+
+    Parameters
+    ----------
+    q_blk : array, shape (block_q, d_k)
+        The query block, already multiplied by ``scale``.
+    k : array, shape (T_k, d_k)
+    v : array, shape (T_k, d_v)
+    mask : array or None, shape (block_q, T_k)
+        The mask rows of this query block: boolean (True = may attend) or additive.
+    i0 : int
+        Index of the block's first query, for the causal mask.
+    """
+    n_q, t_k = q_blk.shape[0], k.shape[0]
+    m_i = np.full(n_q, -np.inf, dtype=q_blk.dtype)  # running max of each row's scores
+    l_i = np.zeros(n_q, dtype=q_blk.dtype)  # running sum of exp(score - m_i)
+    acc = np.zeros((n_q, v.shape[1]), dtype=q_blk.dtype)  # running sum of exp(score - m_i) * v_j
+    for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal):
+        s = q_blk @ k[j0:j1].T  # (n_q, d_k) @ (d_k, n_k) -> (n_q, n_k), the only block of scores
+        if on_diagonal:  # drop keys j > i
+            future = np.arange(j0, j1) > np.arange(i0, i0 + n_q)[:, None]  # (n_q, n_k)
+            s[future] = -np.inf
+        if mask is not None:
+            if mask.dtype == np.bool_:
+                s[~mask[:, j0:j1]] = -np.inf  # True = may attend
+            else:
+                s += mask[:, j0:j1]  # additive: 0 keeps, -inf drops
+        m_new = np.maximum(m_i, s.max(axis=1))  # (n_q,)
+        # a row that has met no allowed key yet has m_new = -inf; shifting it by 0 keeps exp(-inf) = 0
+        shift = np.where(np.isneginf(m_new), 0.0, m_new)
+        p = np.exp(np.subtract(s, shift[:, None], out=s), out=s)  # in place: (n_q, n_k), all <= 1
+        alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
+        l_i = alpha * l_i + p.sum(axis=1)
+        acc *= alpha[:, None]
+        acc += p @ v[j0:j1]  # (n_q, n_k) @ (n_k, d_v) -> (n_q, d_v)
+        m_i = m_new
+    return acc / l_i[:, None]  # (n_q, d_v)
+
+
+def _default_workers():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None):
+    """Tiled attention on validated NumPy inputs; the backend entry point.
+
+    Parameters
+    ----------
+    q, k, v, mask, causal, scale
+        As for :func:`attnlib.attention`, already checked.
+    block_size : int
+        Queries per query block and keys per key block.
+    workers : int, optional
+        Threads to spread (batch, head, query block) tasks over; defaults to the
+        number of cores this process may use. With one task or one worker,
+        the tasks run in this thread and the matrix-product library keeps its
+        own threads.
+
+    Returns
+    -------
+    array, shape (..., T_q, d_v), the dtype of q. float16 is computed in float32.
+    """
+    if int(block_size) != block_size or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    block_size = int(block_size)
+    if k.shape[-2] == 0:
+        raise ShapeError(f"k has T_k=0 keys (shape {k.shape}): every query's softmax would be 0/0")
+    compute = np.result_type(q.dtype, np.float32)  # float16 -> float32, float64 stays
+    batch_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    # O(T * d) copies; broadcast_to makes views, never copies of the batch
+    q_scaled = np.broadcast_to(q.astype(compute) * compute.type(scale), (*batch_shape, *q.shape[-2:]))
+    k = np.broadcast_to(k.astype(compute, copy=False), (*batch_shape, *k.shape[-2:]))
+    v = np.broadcast_to(v.astype(compute, copy=False), (*batch_shape, *v.shape[-2:]))
+    if mask is not None:
+        mask = np.broadcast_to(mask, (*batch_shape, t_q, t_k))  # a view: no (T_q, T_k) copy
+    output = np.empty((*batch_shape, t_q, v.shape[-1]), dtype=q.dtype)
+
+    def run(task):
+        b, i0 = task  # b: a batch index tuple, i0: the first query of the block
+        i1 = min(i0 + block_size, t_q)
+        rows = None if mask is None else mask[b][i0:i1]
+        output[b][i0:i1] = _attend_query_block(q_scaled[b][i0:i1], k[b], v[b], rows, i0, causal, block_size)
+
+    tasks = [(b, i0) for b in np.ndindex(*batch_shape) for i0 in range(0, t_q, block_size)]
+    workers = min(workers or _default_workers(), len(tasks))
+    if workers <= 1:  # one task, one worker asked for, or T_q == 0
+        for task in tasks:
+            run(task)
+    else:
+        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+            list(pool.map(run, tasks))  # list() re-raises any task's exception here
+    return output
+
+
+def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=BLOCK_SIZE, workers=None):
+    """Scaled dot-product attention by online softmax, never holding the (T_q, T_k) matrix.
+
+    The same inputs, checks, errors and results as
+    ``attnlib.attention(q, k, v, backend="tiled")``, with the block size and the
+    number of threads exposed.
+
+    Parameters
+    ----------
+    q : array, shape (..., T_q, d_k)
+    k : array, shape (..., T_k, d_k)
+    v : array, shape (..., T_k, d_v)
+        NumPy arrays; leading (batch, head) dimensions broadcast.
+    mask : array, optional
+        Broadcastable to (..., T_q, T_k). Boolean: True where a query may
+        attend to a key. Float: added to the scores (0 keeps, -inf drops).
+    causal : bool
+        Query i attends only to keys j <= i (top-left aligned).
+    scale : float, optional
+        Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
+    block_size : int
+        Queries per query block and keys per key block. Peak extra memory is
+        about ``workers * block_size**2`` scores plus copies of q, k and v.
+    workers : int, optional
+        Threads; defaults to the number of cores this process may use.
+
+    Returns
+    -------
+    array, shape (..., T_q, d_v)
+    """
+    kind, shapes = check_qkv(q, k, v)
+    check_mask(mask, shapes, kind, causal=causal)
+    scale = check_scale(scale, shapes.d_k)
+    if kind != ARRAY_KIND:
+        raise TypeError(
+            "tiled_attention computes on NumPy arrays but got torch tensors; "
+            "pass tensor.numpy(), or use attention(..., backend='triton') on a GPU"
+        )
+    return forward(q, k, v, mask, bool(causal), scale, block_size=block_size, workers=workers)

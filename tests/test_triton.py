@@ -1,0 +1,198 @@
+"""The Triton FlashAttention kernel against the float64 reference.
+
+With a GPU the kernel runs on it. Without one it runs under Triton's CPU
+interpreter, which reads TRITON_INTERPRET when a kernel is defined, so the
+variable is set here before attnlib's triton backend is first imported. The
+variable is then put back as it was, and switched on again only while this
+module's tests run (the ``interpreter`` fixture): other test modules in the same
+pytest-xdist worker keep seeing ``attnlib.backends()`` as they would alone.
+The interpreter is slow, so the shapes here are small.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+ON_GPU = torch.cuda.is_available()
+_SAVED_INTERPRET = os.environ.get("TRITON_INTERPRET")
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+from attnlib.backends import triton_flash  # noqa: E402  (the kernel is defined here)
+
+if _SAVED_INTERPRET is None:
+    os.environ.pop("TRITON_INTERPRET", None)
+else:
+    os.environ["TRITON_INTERPRET"] = _SAVED_INTERPRET
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import attnlib  # noqa: E402
+from attnlib import errors  # noqa: E402
+from conftest import random_bool_mask, reference_attention  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+if not ON_GPU and not triton_flash.RUNS_ON_CPU:
+    pytest.fail("attnlib.backends.triton_flash was imported before TRITON_INTERPRET=1 was set, so its "
+                "kernel cannot run on this CPU; run tests/test_triton.py in a fresh process",
+                pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def interpreter():
+    """TRITON_INTERPRET=1 while this module runs (on a CPU), as it was before afterwards."""
+    if ON_GPU:
+        yield
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = saved
+
+
+def _tensors(*arrays, dtype=torch.float32):
+    return [torch.from_numpy(np.asarray(a)).to(DEVICE, dtype) for a in arrays]
+
+
+@st.composite
+def kernel_problems(draw):
+    """Small shapes around the interpreter's 16 x 16 tiles: ragged edges, T_q != T_k, broadcasting."""
+    batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2)))
+    t_q, t_k = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    d_k = draw(st.sampled_from([16, 32, 64, 5]))
+    d_v = draw(st.sampled_from([d_k, 8]))
+    mask_kind = draw(st.sampled_from(["none", "bool", "additive"]))
+    causal = draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    q = rng.standard_normal((*batch, t_q, d_k))
+    k = rng.standard_normal((*batch[draw(st.integers(0, len(batch))):], t_k, d_k))  # k, v may broadcast
+    v = rng.standard_normal((*k.shape[:-2], t_k, d_v))
+    mask = None
+    if mask_kind != "none":
+        mask = random_bool_mask(rng, (*batch[draw(st.integers(0, len(batch))):], t_q, t_k))
+        if mask_kind == "additive":
+            mask = np.where(mask, rng.uniform(-2, 2, mask.shape), -np.inf)
+    return q, k, v, mask, causal
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=kernel_problems())
+def test_kernel_matches_the_float64_reference(problem):
+    q, k, v, mask, causal = problem
+    expected = reference_attention(q, k, v, mask=mask, causal=causal)
+    if mask is not None:
+        mask = torch.from_numpy(mask).to(DEVICE)
+    got = attnlib.attention(*_tensors(q, k, v), mask=mask, causal=causal, backend="triton")
+    assert got.dtype == torch.float32 and got.device.type == DEVICE
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_supported_head_dim(head_dim, causal, rng):
+    q, k, v = (rng.standard_normal((1, 2, t, head_dim)) for t in (19, 35, 35))
+    expected = reference_attention(q, k, v, causal=causal)
+    got = attnlib.attention(*_tensors(q, k, v), causal=causal, backend="triton")
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_precision_error_is_at_most_twice_torch_math_backend_error(dtype, causal, rng):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _tensors(*(rng.standard_normal((2, 2, t, 64)) for t in (37, 50, 50)), dtype=dtype)
+    expected = reference_attention(*(x.double().cpu().numpy() for x in (q, k, v)), causal=causal)
+    with sdpa_kernel(SDPBackend.MATH):
+        math = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    got = attnlib.attention(q, k, v, causal=causal, backend="triton")
+    assert got.dtype == dtype
+    math_error = np.abs(math.double().cpu().numpy() - expected).max()
+    kernel_error = np.abs(got.double().cpu().numpy() - expected).max()
+    assert kernel_error <= 2 * math_error + 1e-6, (kernel_error, math_error)
+
+
+def test_float64_keeps_float64_accuracy(rng):
+    q, k, v = (rng.standard_normal((2, t, 16)) for t in (21, 33, 33))
+    got = attnlib.attention(*_tensors(q, k, v, dtype=torch.float64), causal=True, backend="triton")
+    expected = reference_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(ON_GPU, reason="NumPy input becomes CPU tensors, which only the interpreter runs")
+def test_numpy_in_numpy_out(rng):
+    q, k, v = (rng.standard_normal((3, 18, 16)).astype(np.float32) for _ in range(3))
+    got = attnlib.attention(q, k, v, backend="triton")
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_allclose(got, attnlib.attention(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+def test_future_keys_do_not_change_past_outputs(rng):
+    q, k, v = (rng.standard_normal((1, 1, 40, 16)) for _ in range(3))
+    before = attnlib.attention(*_tensors(q, k, v), causal=True, backend="triton")
+    k[..., 33:, :], v[..., 33:, :] = rng.standard_normal((2, 7, 16))
+    after = attnlib.attention(*_tensors(q, k, v), causal=True, backend="triton")
+    torch.testing.assert_close(after[..., :33, :], before[..., :33, :], rtol=0, atol=0)
+
+
+def _error_of(call):
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def _bad_inputs():
+    q, k, v = torch.randn(5, 16), torch.randn(4, 16), torch.randn(4, 8)
+    no_key = torch.zeros(5, 4, dtype=torch.bool)
+    no_key[:4, 0] = True
+    return {
+        "d_k mismatch": ((q, k[:, :8], v), {}),
+        "T_k mismatch": ((q, k, v[:3]), {}),
+        "integer q": ((q.long(), k, v), {}),
+        "float16 q with float32 k": ((q.half(), k, v), {}),
+        "NaN in k": ((q, torch.where(torch.arange(4)[:, None] == 2, float("nan"), k), v), {}),
+        "mask of the wrong shape": ((q, k, v), {"mask": torch.ones(3, 4, dtype=torch.bool)}),
+        "a query with no key": ((q, k, v), {"mask": no_key}),
+        "causal plus a mask that keeps only future keys": (
+            (q, k, v), {"causal": True, "mask": torch.tensor([[0, 1, 1, 1]] * 5, dtype=torch.bool)}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_inputs()))
+def test_bad_inputs_raise_the_same_errors_as_the_torch_backend(case):
+    args, kwargs = _bad_inputs()[case]
+    args = [a.to(DEVICE) for a in args]
+    kwargs = {name: value.to(DEVICE) if isinstance(value, torch.Tensor) else value
+              for name, value in kwargs.items()}
+    expected = _error_of(lambda: attnlib.attention(*args, backend="torch", **kwargs))
+    assert issubclass(expected[0], (errors.ShapeError, errors.MaskError, errors.DTypeError,
+                                    errors.NonFiniteError))
+    assert _error_of(lambda: attnlib.attention(*args, backend="triton", **kwargs)) == expected
+
+
+def test_head_dims_over_128_are_refused_with_the_alternatives():
+    q = torch.randn(4, 129, device=DEVICE)
+    with pytest.raises(ValueError, match="up to 128, got d_k=129"):
+        attnlib.attention(q, q, q, backend="triton")
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU guard")
+def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):
+    monkeypatch.setattr(triton_flash, "RUNS_ON_CPU", False)
+    q = torch.randn(4, 16)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        triton_flash.forward(q, q, q, None, False, 0.25)
+
+
+def test_backends_lists_triton_where_it_can_run():
+    assert "triton" in attnlib.backends()
