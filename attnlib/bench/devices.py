@@ -1,0 +1,119 @@
+"""What the device is, and what it could do at best: a small table of known GPUs.
+
+The table holds the dense (no 2:4 sparsity) fp16/bf16 tensor-core peak and the
+memory bandwidth of a few GPUs, keyed by the exact name
+``torch.cuda.get_device_name()`` reports. A device that is not in it (a CPU, an
+unlisted GPU, a MIG slice of a listed one) has no peak here, and the benchmark
+then reports no fraction of peak: never a guess.
+
+Sources (vendor numbers; datasheets list fp16 "with sparsity", twice the dense value):
+
+- H100 SXM5 and H100 PCIe: NVIDIA H100 Tensor Core GPU datasheet, FP16/BF16
+  tensor core 1,979 (SXM) and 1,513 (PCIe) TFLOP/s with sparsity; HBM3
+  3.35 TB/s (SXM), HBM2e 2.0 TB/s (PCIe).
+- H200 (SXM): NVIDIA H200 datasheet, FP16/BF16 tensor core 1,979 TFLOP/s with
+  sparsity; HBM3e 4.8 TB/s.
+- A100: NVIDIA A100 datasheet, FP16/BF16 tensor core 312 TFLOP/s dense (624
+  with sparsity) for SXM4 and PCIe; 1,555 GB/s (40 GB), 2,039 GB/s (80 GB SXM4),
+  1,935 GB/s (80 GB PCIe).
+- GeForce RTX 4090: NVIDIA Ada Lovelace architecture whitepaper (appendix),
+  FP16/BF16 tensor with FP32 accumulate 165.2 TFLOP/s dense (330.3 with FP16
+  accumulate, which PyTorch's matmuls do not use); 1,008 GB/s GDDR6X.
+"""
+
+import os
+import platform
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Vendor peak numbers for one device."""
+
+    name: str  # as torch.cuda.get_device_name() reports it
+    dense_fp16_tflops: float  # dense fp16/bf16 tensor-core peak, TFLOP/s
+    memory_tb_per_s: float  # DRAM (HBM/GDDR) bandwidth, TB/s (10**12 bytes/s)
+
+
+KNOWN_DEVICES = {
+    spec.name: spec
+    for spec in [
+        DeviceSpec("NVIDIA H100 80GB HBM3", 989.4, 3.35),  # H100 SXM5
+        DeviceSpec("NVIDIA H100 PCIe", 756.5, 2.0),
+        DeviceSpec("NVIDIA H200", 989.4, 4.8),  # H200 SXM; the H200 NVL is not listed
+        DeviceSpec("NVIDIA A100-SXM4-40GB", 312.0, 1.555),
+        DeviceSpec("NVIDIA A100-SXM4-80GB", 312.0, 2.039),
+        DeviceSpec("NVIDIA A100-PCIE-40GB", 312.0, 1.555),
+        DeviceSpec("NVIDIA A100 80GB PCIe", 312.0, 1.935),
+        DeviceSpec("NVIDIA GeForce RTX 4090", 165.2, 1.008),
+    ]
+}
+
+# The dtypes the dense fp16/bf16 peak applies to. A float32 row (with or without
+# TF32) has a different peak, so it gets no fraction.
+PEAK_DTYPES = ("float16", "bfloat16")
+
+
+def lookup(device_name):
+    """The :class:`DeviceSpec` for ``device_name``, or None when it is not in the table.
+
+    The match is exact (ignoring surrounding spaces and case), so a MIG slice
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") or a cut-down variant
+    ("NVIDIA GeForce RTX 4090 D") is not mistaken for the full device.
+    """
+    wanted = device_name.strip().casefold()
+    for name, spec in KNOWN_DEVICES.items():
+        if name.casefold() == wanted:
+            return spec
+    return None
+
+
+def peak_flops(device_name, dtype, override_tflops=None):
+    """Dense peak FLOP/s for a row, or None when there is no trustworthy number.
+
+    ``override_tflops`` (the ``--peak-tflops`` option) is a peak the user
+    supplies for a device that is not in the table; it applies to fp16/bf16 rows too.
+    """
+    if dtype not in PEAK_DTYPES:
+        return None
+    if override_tflops is not None:
+        return float(override_tflops) * 1e12
+    spec = lookup(device_name)
+    return None if spec is None else spec.dense_fp16_tflops * 1e12
+
+
+def fraction_of_peak(achieved_flops_per_s, device_name, dtype, override_tflops=None):
+    """Achieved FLOP/s over the device's dense fp16/bf16 peak; None when unknown."""
+    peak = peak_flops(device_name, dtype, override_tflops)
+    if peak is None or achieved_flops_per_s is None:
+        return None
+    return achieved_flops_per_s / peak
+
+
+def ridge_point(spec):
+    """FLOPs per byte at which the compute peak and the memory bandwidth meet.
+
+    A kernel whose arithmetic intensity is below it cannot reach the compute
+    peak however well it is written: memory bandwidth limits it first.
+    """
+    return (spec.dense_fp16_tflops * 1e12) / (spec.memory_tb_per_s * 1e12)
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device):
+    """A readable name: the GPU's name, or the CPU model with its number of logical CPUs."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name()
+    return f"{_cpu_model()} ({os.cpu_count()} CPUs)"

@@ -1,0 +1,108 @@
+"""What gets timed: each attnlib backend, with SDPA split into its pinned kernels.
+
+``torch.nn.functional.scaled_dot_product_attention`` picks one of several
+kernels silently (fp32 inputs rule out flash, some masks rule out others), so a
+timing of plain "sdpa" would not say what ran. Here each kernel is pinned with
+``torch.nn.attention.sdpa_kernel`` and is a benchmark row of its own:
+
+=================  =====================  ==========================================
+kernel             SDPBackend             what it is
+=================  =====================  ==========================================
+``sdpa-flash``     FLASH_ATTENTION        FlashAttention-2 on a GPU (fp16/bf16 only);
+                                          on a CPU, PyTorch's fused flash-style kernel
+``sdpa-efficient`` EFFICIENT_ATTENTION    memory-efficient attention (xFormers), GPU
+``sdpa-cudnn``     CUDNN_ATTENTION        cuDNN's fused attention, GPU
+``sdpa-math``      MATH                   the unfused reference: matmul, softmax, matmul
+=================  =====================  ==========================================
+
+A pinned kernel that cannot run a configuration raises; the sweep records it
+as "unsupported" with PyTorch's reason.
+
+Every other backend of :func:`attnlib.backends` is timed as it is, by calling
+its ``forward`` directly on inputs made here (valid by construction), so the
+timing does not include :func:`attnlib.attention`'s input checks. NumPy
+backends run on the CPU only, and ``triton`` on a GPU only (its CPU interpreter
+is far too slow to benchmark).
+"""
+
+import contextlib
+
+import numpy as np
+
+from ..attention import backend_module, backends
+
+SDPA_KERNELS = {
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+    "sdpa-math": "MATH",
+}
+
+# Kernels that hold the whole (B, H, T, T) score matrix in memory at once.
+MATERIALIZE_SCORES = ("numpy", "torch", "sdpa-math")
+
+
+def backend_of(kernel):
+    """The attnlib backend behind a kernel name: ``"sdpa-flash"`` -> ``"sdpa"``."""
+    return "sdpa" if kernel in SDPA_KERNELS else kernel
+
+
+def array_kind(kernel):
+    """``"numpy"`` or ``"torch"``: which arrays the kernel computes on."""
+    return backend_module(backend_of(kernel)).ARRAY_KIND
+
+
+def available_kernels(device):
+    """Every kernel that can be timed on ``device`` ("cpu" or "cuda"), readable ones first."""
+    kernels = []
+    for name in backends():
+        if name == "sdpa":
+            kernels += list(SDPA_KERNELS)
+        elif name == "triton":
+            if device == "cuda":
+                kernels.append(name)
+        elif backend_module(name).ARRAY_KIND == "torch" or device == "cpu":
+            kernels.append(name)
+    return kernels
+
+
+def pinned(kernel):
+    """A context in which SDPA runs only the kernel named (a no-op for other kernels)."""
+    if kernel not in SDPA_KERNELS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_KERNELS[kernel]))
+
+
+def make_inputs(kind, B, H, T, d, dtype, device, seed=0):
+    """Seeded standard-normal q, k, v of shape (B, H, T, d) for a kernel of array ``kind``.
+
+    torch inputs are drawn on ``device`` directly (no large host-to-device
+    copy); NumPy ones come from NumPy's generator. NumPy has no bfloat16, so
+    that combination raises TypeError.
+    """
+    if kind == "numpy":
+        if dtype == "bfloat16":
+            raise TypeError("NumPy has no bfloat16 dtype")
+        rng = np.random.default_rng(seed)
+        return tuple(rng.standard_normal((B, H, T, d)).astype(dtype) for _ in range(3))
+    import torch
+
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return tuple(
+        torch.randn((B, H, T, d), generator=generator, device=device, dtype=getattr(torch, dtype))
+        for _ in range(3)
+    )
+
+
+def make_call(kernel, q, k, v, causal):
+    """A function of no arguments that runs one forward pass of ``kernel``.
+
+    Uses the default scale ``1 / sqrt(d)`` and no mask other than ``causal``.
+    For a pinned SDPA kernel, call it inside :func:`pinned`.
+    """
+    forward = backend_module(backend_of(kernel)).forward
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
+    causal = bool(causal)
+    return lambda: forward(q, k, v, None, causal, scale)

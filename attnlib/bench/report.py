@@ -1,0 +1,241 @@
+"""Result files: the schema of a row, the stamp, CSV and JSON, and tables to read.
+
+A JSON file is ``{"stamp": {...}, "rows": [{...}, ...]}``. A CSV file has one
+line per row, with the stamp's fields repeated on every line, so that a single
+line copied out of it still says where and when it was measured.
+
+The stamp records what a reader needs to trust or reproduce a number: the
+device, the library versions, the TF32 setting, the dtypes, the date (UTC)
+and the command line.
+"""
+
+import csv
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+# Every row has exactly these fields; a value is None (empty in a CSV) when it
+# does not apply: no timing for a row that did not run, no fraction of peak
+# for a device without a known peak.
+ROW_COLUMNS = {
+    "kernel": str,  # e.g. "torch", "sdpa-flash"
+    "backend": str,  # the attnlib backend behind it, e.g. "sdpa"
+    "device": str,  # "cpu" or "cuda"
+    "device_name": str,
+    "dtype": str,
+    "tf32": bool,  # torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32, both set to this
+    "B": int,
+    "H": int,
+    "T": int,
+    "d": int,
+    "causal": bool,
+    "status": str,  # "ok", "unsupported", "out of memory" or "error"
+    "message": str,  # why, when status is not "ok"; None otherwise
+    "time_ms": float,  # median of the timed calls
+    "time_q25_ms": float,
+    "time_q75_ms": float,
+    "time_min_ms": float,
+    "time_first_ms": float,  # the very first call, one-off costs included
+    "repeats": int,
+    "warmup": int,
+    "timer": str,  # "perf_counter", "cuda-events" or "do_bench"
+    "flops": int,  # 4 * B * H * T**2 * d, halved when causal
+    "tflop_per_s": float,  # flops / median time, in 10**12 per second
+    "peak_tflop_per_s": float,  # the device's dense fp16/bf16 peak, when known
+    "fraction_of_peak": float,  # tflop_per_s / peak_tflop_per_s
+    "peak_extra_bytes": int,  # peak memory of one call above the start (see attnlib.bench.memory)
+    "memory_method": str,  # which instrument measured peak_extra_bytes
+}
+
+STAMP_COLUMNS = {
+    "date_utc": str,  # ISO 8601, e.g. 2026-01-31T12:00:00+00:00
+    "python_version": str,
+    "numpy_version": str,
+    "torch_version": str,
+    "triton_version": str,  # None (empty in a CSV) when triton is not installed
+    "attnlib_version": str,
+    "cuda_version": str,  # torch.version.cuda; None for a CPU build
+    "torch_num_threads": int,  # CPU threads torch used
+    "platform": str,
+    "command": str,
+}
+
+# The stamp of a JSON file also holds these, which a CSV keeps per row.
+JSON_STAMP_ONLY = ("device", "device_name", "tf32", "dtypes")
+
+
+def _version(module_name):
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        return None
+    return getattr(module, "__version__", None)
+
+
+def make_stamp(*, device, device_name, tf32, dtypes, command, threads=None):
+    """The fields that say where, when and with what a file was measured.
+
+    ``threads`` is the CPU thread limit of the run, if it set one.
+    """
+    import numpy
+    import torch
+
+    from .. import __version__ as attnlib_version
+
+    return {
+        "device": device,
+        "device_name": device_name,
+        "tf32": bool(tf32),
+        "dtypes": list(dtypes),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+        "python_version": platform.python_version(),
+        "numpy_version": numpy.__version__,
+        "torch_version": torch.__version__,
+        "triton_version": _version("triton"),
+        "attnlib_version": attnlib_version,
+        "cuda_version": torch.version.cuda,
+        "torch_num_threads": torch.get_num_threads() if threads is None else int(threads),
+        "platform": platform.platform(),
+        "command": command,
+    }
+
+
+def write_json(path, stamp, rows):
+    Path(path).write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=1) + "\n")
+
+
+def write_csv(path, stamp, rows):
+    columns = [*ROW_COLUMNS, *STAMP_COLUMNS]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**{name: stamp[name] for name in STAMP_COLUMNS}, **row})
+
+
+def write_results(path, stamp, rows, fmt=None):
+    """Write ``rows`` to ``path`` as "csv" or "json" (default: from the file's suffix)."""
+    fmt = fmt or ("json" if str(path).endswith(".json") else "csv")
+    if fmt not in ("csv", "json"):
+        raise ValueError(f"format must be 'csv' or 'json', got {fmt!r}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    (write_json if fmt == "json" else write_csv)(path, stamp, rows)
+
+
+def _parse(text, kind):
+    if text == "":
+        return None
+    if kind is bool:
+        if text not in ("True", "False"):
+            raise ValueError(f"expected True or False, got {text!r}")
+        return text == "True"
+    return kind(text)
+
+
+def read_results(path):
+    """``(stamp, rows)`` from a file :func:`write_results` wrote, with typed values."""
+    if str(path).endswith(".json"):
+        data = json.loads(Path(path).read_text())
+        return data["stamp"], data["rows"]
+    with open(path, newline="") as f:
+        records = list(csv.DictReader(f))
+    if not records:
+        raise ValueError(f"{path} holds no rows")
+    columns = {**ROW_COLUMNS, **STAMP_COLUMNS}
+    missing = sorted(set(columns) - set(records[0]))
+    if missing:
+        raise ValueError(f"{path} is missing the columns {missing}")
+    typed = [{name: _parse(record[name], kind) for name, kind in columns.items()} for record in records]
+    first = typed[0]
+    stamp = {name: first[name] for name in STAMP_COLUMNS}
+    stamp.update(device=first["device"], device_name=first["device_name"], tf32=first["tf32"],
+                 dtypes=list(dict.fromkeys(row["dtype"] for row in typed)))
+    rows = [{name: row[name] for name in ROW_COLUMNS} for row in typed]
+    return stamp, rows
+
+
+def _group_key(row):
+    return (row["B"], row["H"], row["d"], row["dtype"], row["causal"])
+
+
+def split_groups(rows):
+    """``{(B, H, d, dtype, causal): rows}``: rows that differ only in kernel and T."""
+    groups = {}
+    for row in rows:
+        groups.setdefault(_group_key(row), []).append(row)
+    return groups
+
+
+def ratio_table(rows, reference="sdpa-flash"):
+    """``{kernel: {T: time / reference time}}`` for rows of one group (see :func:`split_groups`).
+
+    A ratio of 3 means three times as long as ``reference`` at the same T.
+    Rows that did not run, and T with no ``reference`` row, are left out.
+    """
+    if len(split_groups(rows)) > 1:
+        raise ValueError("ratio_table needs rows that differ only in kernel and T; use split_groups first")
+    reference_ms = {r["T"]: r["time_ms"] for r in rows if r["kernel"] == reference and r["status"] == "ok"}
+    table = {}
+    for row in rows:
+        if row["status"] == "ok" and row["T"] in reference_ms:
+            table.setdefault(row["kernel"], {})[row["T"]] = row["time_ms"] / reference_ms[row["T"]]
+    return table
+
+
+def loglog_slope(rows, kernel, column="time_ms", min_t=1):
+    """The slope of ``log(column)`` against ``log(T)`` for one kernel's rows, fitted
+    by least squares (``np.polyfit``) over the rows with ``T >= min_t`` that ran.
+
+    A quantity that grows as ``T**p`` has slope ``p``: 2 for the time of any
+    attention kernel at large T, 2 for the memory of one that stores the
+    T x T matrix, 1 for one that does not.
+    """
+    import numpy as np
+
+    points = [(r["T"], r[column]) for r in rows
+              if r["kernel"] == kernel and r["status"] == "ok" and r["T"] >= min_t and r[column]]
+    if len({T for T, _ in points}) < 2:
+        raise ValueError(f"need {column} at two or more T >= {min_t} for {kernel!r}, got {points}")
+    seq_lens, values = np.array(points, dtype=float).T
+    return float(np.polyfit(np.log(seq_lens), np.log(values), 1)[0])
+
+
+def _cell(value, fmt):
+    return "" if value is None else format(value, fmt)
+
+
+def format_rows(rows):
+    """A plain-text table of the rows, for the terminal."""
+    header = (f"{'kernel':<15} {'dtype':<9} {'causal':<6} {'B':>3} {'H':>3} {'T':>6} {'d':>4} "
+              f"{'median ms':>10} {'IQR ms':>15} {'TFLOP/s':>8} {'of peak':>7} {'peak MiB':>9}  status")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        iqr = "" if r["time_q25_ms"] is None else f"{r['time_q25_ms']:.3g}-{r['time_q75_ms']:.3g}"
+        mib = None if r["peak_extra_bytes"] is None else r["peak_extra_bytes"] / 2**20
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['message'][:60]}"
+        lines.append(
+            f"{r['kernel']:<15} {r['dtype']:<9} {str(r['causal']):<6} {r['B']:>3} {r['H']:>3} {r['T']:>6} "
+            f"{r['d']:>4} {_cell(r['time_ms'], '.4g'):>10} {iqr:>15} {_cell(r['tflop_per_s'], '.3g'):>8} "
+            f"{_cell(r['fraction_of_peak'], '.1%'):>7} {_cell(mib, '.1f'):>9}  {status}"
+        )
+    return "\n".join(lines)
+
+
+def format_ratio_table(rows, reference="sdpa-flash"):
+    """The ratio table as text: one line per kernel, one column per T."""
+    table = ratio_table(rows, reference)
+    seq_lens = sorted({T for ratios in table.values() for T in ratios})
+    lines = [f"time / {reference} time"]
+    lines.append(f"{'kernel':<15}" + "".join(f"{'T=' + str(T):>10}" for T in seq_lens))
+    for kernel, ratios in table.items():
+        lines.append(f"{kernel:<15}" + "".join(f"{_cell(ratios.get(T), '.2f'):>10}" for T in seq_lens))
+    return "\n".join(lines)
+
+
+def command_line(argv):
+    """The command as a reader would type it: ``python -m attnlib.bench ...``."""
+    import shlex
+
+    return shlex.join(["python", "-m", "attnlib.bench", *(sys.argv[1:] if argv is None else argv)])

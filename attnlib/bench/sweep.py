@@ -1,0 +1,242 @@
+"""A benchmark sweep: every kernel at every configuration, one result row each.
+
+:func:`build_configs` lists the configurations, :func:`run_sweep` times each
+one with :mod:`~attnlib.bench.timing`, measures its memory with
+:mod:`~attnlib.bench.memory` and turns it into a row (see
+:data:`attnlib.bench.report.ROW_COLUMNS`). A configuration that cannot run
+(a dtype a kernel does not support, an input that does not fit in memory)
+becomes a row whose ``status`` says so; the sweep goes on.
+"""
+
+import contextlib
+import gc
+import itertools
+import sys
+import warnings
+from dataclasses import dataclass
+
+from . import devices, kernels, memory, timing
+from .flops import ITEMSIZE, attention_flops
+from .report import ROW_COLUMNS
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmark row: which kernel, at which sizes."""
+
+    kernel: str  # a name from kernels.available_kernels(), e.g. "sdpa-flash"
+    B: int  # batch
+    H: int  # heads
+    T: int  # sequence length
+    d: int  # head dimension (d_k = d_v)
+    dtype: str  # "float32", "float16", "bfloat16" or "float64"
+    causal: bool
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to time: the same for every row of a sweep."""
+
+    device: str = "cpu"
+    timer: str = "auto"  # "auto" (perf_counter on CPU, CUDA events on GPU) or "do_bench"
+    tf32: bool = False
+    warmup: int = 1  # untimed calls, at least
+    warmup_s: float = 0.2  # and at least this long (see timing.time_cpu)
+    min_repeats: int = 3
+    max_repeats: int = 20
+    budget_s: float = 1.0  # time for the timed repeats of one row, about
+    flush_bytes: int | None = None  # None: 256 MB on a GPU, none on a CPU
+    measure_memory: bool = True
+    peak_tflops: float | None = None  # a user-supplied dense peak, for a device not in the table
+    threads: int | None = None  # CPU threads for torch and BLAS; None leaves their defaults
+
+
+def build_configs(kernel_names, seq_lens, *, batch=1, heads=8, head_dims=(64,), dtypes=("float32",),
+                  causal_modes=(False,), max_t=None):
+    """Every combination, grouped so that kernels sharing inputs run one after another.
+
+    ``max_t`` maps a kernel name to the largest T it runs at (``{"loop": 512}``):
+    the token-by-token loop is far too slow for long sequences.
+    """
+    max_t = max_t or {}
+    configs = []
+    for dtype, d, causal, T in itertools.product(dtypes, head_dims, causal_modes, sorted(seq_lens)):
+        for kernel in kernel_names:
+            if T <= max_t.get(kernel, T):
+                configs.append(Config(kernel, int(batch), int(heads), int(T), int(d), dtype, bool(causal)))
+    return configs
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled):
+    """Set ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``,
+    and put the previous values back afterwards."""
+    import torch
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+    torch.backends.cudnn.allow_tf32 = bool(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@contextlib.contextmanager
+def cpu_threads(n):
+    """Limit torch's and the BLAS libraries' CPU thread pools to ``n`` threads (None: no change).
+
+    On a machine shared with other jobs, a pool of threads waits at every
+    barrier for its slowest thread, and if another process holds that core the
+    wait lasts a whole scheduler time slice: timings then come out in steps of
+    milliseconds. Fewer threads than cores avoids that, at the price of speed.
+    """
+    if n is None:
+        yield
+        return
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        with threadpool_limits(limits=int(n), user_api="blas"):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def available_memory_bytes():
+    """The kernel's ``MemAvailable`` (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def too_big_for_cpu(config):
+    """A message when a score-matrix kernel would clearly not fit in RAM, else None.
+
+    On a CPU, running out of memory may not raise at all: Linux can kill the
+    process instead. So kernels that hold the (B, H, T, T) matrix are not
+    started when three copies of it (NumPy's softmax holds three) exceed the
+    memory available. On a GPU the allocator raises, and that is recorded.
+    """
+    if config.kernel not in kernels.MATERIALIZE_SCORES:
+        return None
+    needed = 3 * config.B * config.H * config.T**2 * max(ITEMSIZE[config.dtype], 4)
+    available = available_memory_bytes()
+    if available is None or needed <= available:
+        return None
+    return f"not run: needs about {needed / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available"
+
+
+def classify_failure(exc):
+    """``(status, message)`` for an exception raised by a kernel."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lowered = str(exc).lower()
+    if isinstance(exc, MemoryError) or "out of memory" in lowered or "can't allocate memory" in lowered:
+        return "out of memory", text
+    if isinstance(exc, (NotImplementedError, TypeError)) or "no viable backend" in lowered \
+            or "not implemented for" in lowered or "not supported" in lowered:
+        return "unsupported", text
+    return "error", f"{type(exc).__name__}: {text}"
+
+
+def _time(fn, settings):
+    if settings.device == "cuda" and settings.timer == "do_bench":
+        return timing.time_do_bench(fn)
+    default_flush = timing.FLUSH_BYTES if settings.device == "cuda" else 0
+    return timing.time_on(settings.device, fn, warmup=settings.warmup, warmup_s=settings.warmup_s,
+                          min_repeats=settings.min_repeats, max_repeats=settings.max_repeats,
+                          budget_s=settings.budget_s,
+                          flush_bytes=default_flush if settings.flush_bytes is None else settings.flush_bytes)
+
+
+def _empty_row(config, settings, device_name):
+    row = dict.fromkeys(ROW_COLUMNS)
+    row.update(kernel=config.kernel, backend=kernels.backend_of(config.kernel), device=settings.device,
+               device_name=device_name, dtype=config.dtype, tf32=settings.tf32, B=config.B, H=config.H,
+               T=config.T, d=config.d, causal=config.causal, status="ok",
+               flops=attention_flops(config.B, config.H, config.T, config.d, config.causal))
+    if settings.device == "cuda":
+        peak = devices.peak_flops(device_name, config.dtype, settings.peak_tflops)
+        row["peak_tflop_per_s"] = None if peak is None else peak / 1e12
+    return row
+
+
+def run_config(config, settings, device_name, inputs=None):
+    """Time one configuration and return its row (a dict with :data:`ROW_COLUMNS`)."""
+    row = _empty_row(config, settings, device_name)
+    if settings.device == "cpu" and (reason := too_big_for_cpu(config)):
+        row.update(status="out of memory", message=reason)
+        return row
+    failure = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            kind = kernels.array_kind(config.kernel)
+            if inputs is None:
+                inputs = kernels.make_inputs(kind, config.B, config.H, config.T, config.d, config.dtype,
+                                             settings.device)
+            fn = kernels.make_call(config.kernel, *inputs, config.causal)
+            with kernels.pinned(config.kernel):
+                result = _time(fn, settings)
+                if settings.measure_memory:
+                    row["peak_extra_bytes"], row["memory_method"] = memory.peak_extra_bytes(
+                        fn, array_kind=kind, device=settings.device)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+            failure = classify_failure(exc)
+    if failure is not None:
+        reasons = sorted({str(w.message).strip().splitlines()[0] for w in caught})
+        status, message = failure
+        row.update(status=status, message="; ".join([message, *reasons])[:500])
+        _release_memory(settings.device)
+        return row
+    row.update(time_ms=result.median_s * 1e3, time_q25_ms=result.q25_s * 1e3, time_q75_ms=result.q75_s * 1e3,
+               time_min_ms=result.min_s * 1e3, time_first_ms=result.first_s * 1e3, repeats=result.repeats,
+               warmup=result.warmup, timer=result.method)
+    achieved = row["flops"] / result.median_s
+    row["tflop_per_s"] = achieved / 1e12
+    if row["peak_tflop_per_s"] is not None:
+        row["fraction_of_peak"] = achieved / (row["peak_tflop_per_s"] * 1e12)
+    return row
+
+
+def _release_memory(device):
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def run_sweep(configs, settings, *, progress=True):
+    """Run every configuration; return the rows, in the order of ``configs``.
+
+    Inputs are made once and shared by consecutive rows of the same sizes
+    and array kind. A progress bar goes to stderr unless ``progress`` is False.
+    """
+    from tqdm import tqdm
+
+    device_name = devices.device_name(settings.device)
+    rows, cached_key, cached_inputs = [], None, None
+    bar = tqdm(configs, desc="attnlib.bench", unit="row", file=sys.stderr, disable=not progress)
+    with tf32_mode(settings.tf32), cpu_threads(settings.threads):
+        for config in bar:
+            bar.set_postfix_str(f"{config.kernel} T={config.T} d={config.d} {config.dtype}"
+                                f"{' causal' if config.causal else ''}")
+            key = (kernels.array_kind(config.kernel), config.B, config.H, config.T, config.d, config.dtype)
+            if key != cached_key:
+                cached_key, cached_inputs = key, None
+                _release_memory(settings.device)
+                try:
+                    cached_inputs = kernels.make_inputs(*key, settings.device)
+                except Exception:  # noqa: BLE001 - run_config makes them again and records why it fails
+                    cached_inputs = None
+            rows.append(run_config(config, settings, device_name, inputs=cached_inputs))
+    return rows
