@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 JB     := $(BIN)/jupyter-book
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test unit nbval strict-book notebooks install clean
+.PHONY: book test unit nbval strict-book instructor-book notebooks install clean
 
 install: $(STAMP)
 
@@ -31,6 +31,14 @@ unit: $(STAMP)
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest --nbval book -q -p no:cacheprovider -n 2 --dist loadscope
+
+# The same book without any solution, for instructors: `hide_solutions` flipped in a copy of _config.yml.
+instructor-book: $(STAMP)
+	mkdir -p _build/instructor
+	sed 's/hide_solutions: false/hide_solutions: true/' _config.yml > _build/instructor/_config.yml
+	grep -q "hide_solutions: true" _build/instructor/_config.yml
+	$(JB) build . --builder html --config _build/instructor/_config.yml --path-output _build/instructor
+	@echo "The instructors' book (no solutions) is at $(CURDIR)/_build/instructor/_build/html/index.html"
 
 strict-book: $(STAMP)
 	$(JB) build . --builder html --all -W -n --keep-going

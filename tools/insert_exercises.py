@@ -32,8 +32,8 @@ KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "F
 INTRO = (
     "## Exercises\n\n"
     "Each exercise ends with a call to `attnlib.exercises.check`: it runs your answer on hidden cases and "
-    "prints what to fix, or that every case passed (`result.passed` is then `True`). The solution sits in "
-    "the collapsed box under each exercise; try first."
+    "prints what to fix, or that every case passed (`result.passed` is then `True`). In the full edition "
+    "of the book each solution sits in a collapsed box under its exercise; try first."
 )
 
 
