@@ -120,16 +120,19 @@ class FakeDevice:
     """A stand-in for a GPU: work is queued by ``launch`` and only done by ``sync``.
 
     ``costs[n]`` is how long (in seconds) the n-th launch's work takes; a launch
-    itself returns at once, as a CUDA kernel launch does.
+    itself returns at once, as a CUDA kernel launch does. ``busy_at_launch[n]``
+    records whether earlier work was still queued when the n-th launch came.
     """
 
     def __init__(self, costs):
         self.costs = list(costs)
         self.launches = 0
+        self.busy_at_launch = []
         self._pending = 0.0
 
     def launch(self):
         cost = self.costs[min(self.launches, len(self.costs) - 1)]
+        self.busy_at_launch.append(self._pending > 0)
         self.launches += 1
         self._pending += cost
 
@@ -228,6 +231,14 @@ class TimerExercise(Exercise):
                 "you stopped the clock before the work finished: call sync() after fn() and before reading "
                 "the clock (GPU kernels run asynchronously)",
             )
+        if case.warmup and device.busy_at_launch[case.warmup]:
+            return Failure(
+                (
+                    "expected: an idle device when the first timed call starts",
+                    "given:    the warm-up's work was still queued, so the first timed call waited for it too",
+                ),
+                _WARMUP_SYNC_HINT,
+            )
         if value > _SLOW / 5:
             return Failure(
                 (f"expected: about {_FAST * 1e3:g} ms, the typical call", f"given:    {value * 1e3:.3g} ms"),
@@ -235,6 +246,12 @@ class TimerExercise(Exercise):
                 "the repeats, not their mean or total",
             )
         return None
+
+
+_WARMUP_SYNC_HINT = (
+    "call sync() after the warm-up calls, before the first timed call: the warm-up only launched its "
+    "work, and without a sync that work is still running when the clock starts"
+)
 
 
 def _sync_after(fn, sync, warmup=1, repeats=5):
@@ -266,6 +283,18 @@ def _no_warmup(fn, sync, warmup=1, repeats=5):
     return statistics.median(_sync_after(fn, sync, warmup=0, repeats=repeats))
 
 
+def _no_sync_after_warmup(fn, sync, warmup=1, repeats=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 median_timer = TimerExercise(
     id="ch7.median_timer",
     title="A timer that tells the truth",
@@ -275,8 +304,10 @@ median_timer = TimerExercise(
         "in seconds. `fn()` may only *launch* work, as a CUDA kernel launch does, and `sync()` waits "
         "until all launched work is done (on a GPU, `torch.cuda.synchronize`; on a CPU, a function "
         "that does nothing). Call `fn` `warmup` times untimed, then time `repeats` calls one by one "
-        "and return the median. The check runs your timer on a pretend GPU whose work only finishes "
-        "at `sync()`, and whose first call is slow."
+        "and return the median. The device must be idle when each timed call starts and when its clock "
+        "stops: call `sync()` once after the warm-up, before the first timed call, and after each timed "
+        "call, before reading the clock. The check runs your timer on a pretend GPU whose work only "
+        "finishes at `sync()`, and whose first call is slow."
     ),
     starter="def time_it(fn, sync, warmup=1, repeats=5):\n    ...  # your code here",
     solution=(
@@ -304,11 +335,13 @@ median_timer = TimerExercise(
             "your result includes the slow calls",
         ),
         "no_warmup": Mistake(_no_warmup, "you skipped the warm-up calls"),
+        "no_sync_after_warmup": Mistake(_no_sync_after_warmup, _WARMUP_SYNC_HINT),
         "list": Mistake(_sync_after, "not the list of times"),
     },
     explanation=(
         "Without `sync()` the clock measures only the launch, microseconds, however long the kernel "
-        "runs. The warm-up keeps one-off costs (compilation, memory allocation) out of the numbers, "
+        "runs. Without the `sync()` after the warm-up, the first timed call also waits for the warm-up's "
+        "work. The warm-up keeps one-off costs (compilation, memory allocation) out of the numbers, "
         "and the median ignores the odd slow repeat that a mean would absorb."
     ),
 )
