@@ -27,6 +27,7 @@ CHAPTERS = {
     5: "05_weighted_sum",
     6: "06_matrix_form",
     7: "07_timing_on_gpu",
+    8: "08_without_the_matrix",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (
