@@ -34,28 +34,25 @@ def _triton_usable():
     return os.environ.get("TRITON_INTERPRET") == "1" or torch_module().cuda.is_available()
 
 
+def _usable(name):
+    """Can backend ``name`` run here? NumPy backends always can, without importing torch."""
+    if name in ("torch", "sdpa"):
+        return torch_available()
+    if name == "triton":
+        return _triton_usable()
+    return name in _BACKEND_MODULES
+
+
 def backends():
     """The names of the backends that can run on this machine, readable ones first."""
-    names = ["numpy", "loop", "tiled"]
-    if torch_available():
-        names += ["torch", "sdpa"]
-        if _triton_usable():
-            names.append("triton")
-    return [name for name in names if importlib.util.find_spec(_BACKEND_MODULES[name]) is not None]
+    return [name for name in ("numpy", "loop", "tiled", "torch", "sdpa", "triton") if _usable(name)]
 
 
 def backend_module(name):
-    """The module implementing backend ``name``; a ValueError lists the valid names.
-
-    NumPy backends load without importing torch, so NumPy-only use stays fast.
-    """
-    needs_torch = name in ("torch", "sdpa", "triton")
-    if name not in _BACKEND_MODULES or (needs_torch and name not in backends()):
+    """The module implementing backend ``name``; a ValueError lists the valid names."""
+    if not _usable(name):
         raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}")
-    try:
-        return importlib.import_module(_BACKEND_MODULES[name])
-    except ModuleNotFoundError:
-        raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}") from None
+    return importlib.import_module(_BACKEND_MODULES[name])
 
 
 def _to_backend_kind(arrays, kind, backend_kind, backend):
@@ -137,11 +134,7 @@ def attention_weights(q, k, *, mask=None, causal=False, scale=None):
     if kind == "numpy":
         return stable_softmax(masked_scores(q, k, mask, causal, scale), axis=-1)
     torch = torch_module()
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
-    if causal:
-        keep = torch.ones(shapes.t_q, shapes.t_k, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+    from .backends.torch_naive import masked_scores as masked_scores_torch
 
+    scores = masked_scores_torch(q, k, mask, causal, scale)  # (..., T_q, T_k)
+    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)

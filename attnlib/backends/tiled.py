@@ -53,7 +53,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ..errors import ShapeError
 from ..validation import check_mask, check_qkv, check_scale
 
 ARRAY_KIND = "numpy"
@@ -145,8 +144,6 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     block_size = int(block_size)
-    if k.shape[-2] == 0:
-        raise ShapeError(f"k has T_k=0 keys (shape {k.shape}): every query's softmax would be 0/0")
     compute = np.result_type(q.dtype, np.float32)  # float16 -> float32, float64 stays
     batch_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     t_q, t_k = q.shape[-2], k.shape[-2]

@@ -47,7 +47,6 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from ..errors import ShapeError
 
 ARRAY_KIND = "torch"
 
@@ -206,8 +205,6 @@ def _as_4d(x, batch_shape):
 
 
 def _check_supported(q, k, v):
-    if k.shape[-2] == 0:
-        raise ShapeError(f"k has T_k=0 keys (shape {tuple(k.shape)}): every query's softmax would be 0/0")
     if q.device.type != "cuda" and not RUNS_ON_CPU:
         raise RuntimeError(
             f"the triton backend runs on CUDA tensors (got a tensor on {q.device}); to run it on a CPU, "
