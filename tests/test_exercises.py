@@ -271,7 +271,7 @@ def test_the_timer_check_counts_calls_rather_than_trusting_the_clock():
         sync()
         return 0.002
 
-    result = check("ch7.median_timer", calls_fn_too_often)
+    result = check("ch8.median_timer", calls_fn_too_often)
     assert "expected: fn() called 5 times" in result.message
 
 

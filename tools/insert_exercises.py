@@ -12,13 +12,16 @@ Run tools/execute_notebooks.py on the chapter afterwards.
 import sys
 from pathlib import Path
 
-import nbformat
 import nbformat.v4 as v4
 
 import attnlib.exercises as exercises
 from attnlib.exercises.core import SETUP_CODE
 
-BOOK = Path(__file__).resolve().parent.parent / "book"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tools.nbedit import editing  # noqa: E402
+
+BOOK = ROOT / "book"
 CHAPTERS = {
     1: "01_query_key_value",
     2: "02_token_by_token",
@@ -26,8 +29,8 @@ CHAPTERS = {
     4: "04_scale_and_softmax",
     5: "05_weighted_sum",
     6: "06_matrix_form",
-    7: "07_timing_on_gpu",
-    8: "08_without_the_matrix",
+    8: "08_timing_on_gpu",
+    9: "09_without_the_matrix",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (
@@ -67,11 +70,10 @@ def exercise_cells(chapter):
 
 def insert(chapter):
     path = BOOK / f"{CHAPTERS[chapter]}.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    starts = [i for i, cell in enumerate(nb.cells) if cell.get("id") == f"ch{chapter}-exercises"]
-    keep = nb.cells[: starts[0]] if starts else nb.cells
-    nb.cells = keep + exercise_cells(chapter)
-    nbformat.write(nb, path)
+    with editing(path) as nb:
+        starts = [i for i, cell in enumerate(nb.cells) if cell.get("id") == f"ch{chapter}-exercises"]
+        keep = nb.cells[: starts[0]] if starts else nb.cells
+        nb.cells = keep + exercise_cells(chapter)
     print(f"{path.name}: {len(exercises.list(chapter))} exercises")
 
 

@@ -11,7 +11,7 @@ True
 Four kinds of exercise: *by hand* (a number worked out on paper), *implement*
 (a function), *find the bug* (a short function with one classic mistake) and
 *predict* (an answer given before computing). Each chapter's file
-(``ch1_qkv.py`` ... ``ch8_without_the_matrix.py``) holds its exercises, their
+(``ch1_qkv.py`` ... ``ch9_without_the_matrix.py``) holds its exercises, their
 solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
@@ -24,8 +24,8 @@ from . import (
     ch4_softmax,
     ch5_weighted_sum,
     ch6_matrix_form,
-    ch7_timing,
-    ch8_without_the_matrix,
+    ch8_timing,
+    ch9_without_the_matrix,
 )
 from .core import KINDS, Exercise, Result
 
@@ -36,8 +36,8 @@ _CHAPTERS = (
     ch4_softmax,
     ch5_weighted_sum,
     ch6_matrix_form,
-    ch7_timing,
-    ch8_without_the_matrix,
+    ch8_timing,
+    ch9_without_the_matrix,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}
 assert len(_REGISTRY) == sum(len(chapter.EXERCISES) for chapter in _CHAPTERS), "duplicate exercise ids"

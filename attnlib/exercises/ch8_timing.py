@@ -1,4 +1,4 @@
-"""Chapter 7, Timing attention on a GPU: FLOPs, bytes, a correct timer, and the slope of time vs T.
+"""Chapter 8, Timing attention on a GPU: FLOPs, bytes, a correct timer, and the slope of time vs T.
 
 Every check here runs on a CPU. The timer exercise stands in for a GPU with
 a fake device whose work, like a CUDA kernel's, only finishes when you
@@ -32,7 +32,7 @@ def forward_flops(B, H, T, d, causal=False):
 
 
 attention_flops = ValueExercise(
-    id="ch7.attention_flops",
+    id="ch8.attention_flops",
     title="Count the FLOPs",
     kind="by hand",
     task=(
@@ -78,7 +78,7 @@ def _score_bytes(T, bytes_per_entry):
 
 
 score_matrix_bytes = ValueExercise(
-    id="ch7.score_matrix_bytes",
+    id="ch8.score_matrix_bytes",
     title="The memory of one score matrix",
     kind="by hand",
     task=(
@@ -111,7 +111,7 @@ score_matrix_bytes = ValueExercise(
     },
     explanation=(
         "Multiply by the heads and the batch and the score matrices alone outgrow a GPU's memory, "
-        "which is why fused kernels (chapter 8) never store them."
+        "which is why fused kernels (chapter 9) never store them."
     ),
 )
 
@@ -296,7 +296,7 @@ def _no_sync_after_warmup(fn, sync, warmup=1, repeats=5):
 
 
 median_timer = TimerExercise(
-    id="ch7.median_timer",
+    id="ch8.median_timer",
     title="A timer that tells the truth",
     kind="implement",
     task=(
@@ -354,7 +354,7 @@ def _log_log_slope():
 
 
 time_vs_t_slope = ValueExercise(
-    id="ch7.time_vs_t_slope",
+    id="ch8.time_vs_t_slope",
     title="The slope of time against T",
     kind="predict",
     task=(

@@ -1,4 +1,4 @@
-"""Chapter 8, Attention without the n x n matrix: the running sum by hand, one online-softmax step,
+"""Chapter 9, Attention without the n x n matrix: the running sum by hand, one online-softmax step,
 a rescaling bug, and the blocks a causal tiled pass visits.
 
 The update-step exercise checks the reader's ``online_update`` the way the
@@ -97,7 +97,7 @@ _SCORES_TEXT = ", ".join(f"{s:g}" for s in TWO_BLOCK_SCORES)
 _FIRST_TEXT, _SECOND_TEXT = (", ".join(f"{s:g}" for s in block) for block in _blocks_of(TWO_BLOCK_SCORES))
 
 running_sum = ValueExercise(
-    id="ch8.running_sum",
+    id="ch9.running_sum",
     title="The running sum after two blocks",
     kind="by hand",
     task=(
@@ -433,7 +433,7 @@ def _python_max(m, l, acc, scores_block, v_block):
 
 
 online_update = UpdateStepExercise(
-    id="ch8.online_update",
+    id="ch9.online_update",
     title="One step of the online softmax",
     kind="implement",
     task=(
@@ -536,7 +536,7 @@ def _online_attention_cases():
 
 
 fix_acc_rescale = FunctionExercise(
-    id="ch8.fix_acc_rescale",
+    id="ch9.fix_acc_rescale",
     title="Find the bug: blocks that disagree",
     kind="find the bug",
     task=(
@@ -601,7 +601,7 @@ _GRID_T_TEXT = f"{CAUSAL_GRID['T']:,}".replace(",", "{,}")  # 4{,}096: a thousan
 
 
 causal_blocks = ValueExercise(
-    id="ch8.causal_blocks",
+    id="ch9.causal_blocks",
     title="How many blocks a causal pass visits",
     kind="predict",
     task=(
