@@ -53,8 +53,33 @@ def torch_available():
     return True
 
 
-def as_array(x):
-    """Turn a list or scalar into a NumPy array; leave arrays and tensors alone."""
+def as_array(x, name="x"):
+    """The one rule for inputs across attnlib's public API.
+
+    NumPy arrays and torch tensors pass through unchanged. A Python list, tuple
+    or number becomes a NumPy array; since a list carries no dtype, whole
+    numbers in it become float64 (``[[1, 0], [0, 1]]`` is a valid ``q``), and
+    a list of bools stays boolean (a valid mask). Anything else (a string, a
+    dict, None) raises a TypeError that names the argument.
+    """
     if is_tensor(x) or isinstance(x, np.ndarray):
         return x
-    return np.asarray(x)
+    if isinstance(x, (list, tuple, int, float, np.number, np.bool_)) and not isinstance(x, str):
+        try:
+            arr = np.asarray(x)
+        except ValueError as exc:  # ragged nested lists
+            raise TypeError(f"{name} must be a rectangular nested list of numbers: {exc}") from None
+        if arr.dtype.kind in "iu":
+            return arr.astype(np.float64)
+        if arr.dtype.kind in "fcb":
+            return arr
+        raise TypeError(f"{name} must hold numbers, got a list of {arr.dtype} (shape {arr.shape})")
+    raise TypeError(
+        f"{name} must be a NumPy array, a torch tensor or a nested list of numbers, "
+        f"got {type(x).__name__}"
+    )
+
+
+def as_arrays(**named):
+    """:func:`as_array` on each keyword argument, in order; an absent ``mask`` (None) stays None."""
+    return [None if x is None and name == "mask" else as_array(x, name) for name, x in named.items()]

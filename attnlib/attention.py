@@ -12,10 +12,12 @@ import os
 
 import numpy as np
 
-from .arrays import is_tensor, torch_available, torch_module
+from .arrays import as_arrays, is_tensor, torch_available, torch_module
 from .backends.numpy_matrix import masked_scores
+from .errors import NonFiniteError
+from .masks import causal_alignment
 from .softmax import stable_softmax
-from .validation import check_mask, check_qkv, check_scale
+from .validation import check_backend, check_mask, check_qkv, check_scale
 
 _BACKEND_MODULES = {
     "numpy": "attnlib.backends.numpy_matrix",
@@ -50,7 +52,7 @@ def backends():
 
 def backend_module(name):
     """The module implementing backend ``name``; a ValueError lists the valid names."""
-    if not _usable(name):
+    if not isinstance(name, str) or not _usable(name):
         raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}")
     return importlib.import_module(_BACKEND_MODULES[name])
 
@@ -81,8 +83,14 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
         Broadcastable to (..., T_q, T_k). Boolean: True where a query *may
         attend* to a key (SDPA's convention). Float: added to the scores
         (0 keeps a key, -inf drops it).
-    causal : bool
-        Let query i attend only to keys j <= i (a decoder, as in GPT).
+    causal : bool or str
+        Let each query attend only to the keys up to its own position (a decoder,
+        as in GPT). ``True`` or ``"top-left"``: query i sees keys j <= i, the
+        alignment of PyTorch's ``is_causal=True``. ``"bottom-right"``: the last
+        query lines up with the last key, so query i sees keys
+        j <= i + T_k - T_q (flash_attn's alignment, what decoding with a KV cache
+        needs: one new query over T cached keys sees all of them). The two agree
+        when T_q == T_k. ``False`` or ``None``: no causal mask.
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
     backend : str, optional
@@ -97,20 +105,52 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
     Raises
     ------
     ShapeError, MaskError, NonFiniteError (ValueError)
-        Shapes that do not fit, a mask that leaves a query no key, NaN or inf.
+        Shapes that do not fit, a mask that leaves a query no key, NaN or inf
+        in an input, or scores too large for the dtype (finite inputs whose
+        q . k overflows).
     DTypeError, MixedArrayTypesError (TypeError)
-        Integer or complex input, or NumPy and torch mixed.
+        Integer or complex arrays, or NumPy and torch mixed.
+
+    Python lists (and tuples) are accepted anywhere an array is, and become
+    float64 NumPy arrays (a list of bools, a boolean mask).
     """
+    q, k, v, mask = as_arrays(q=q, k=k, v=v, mask=mask)
+    causal = causal_alignment(causal)
     kind, shapes = check_qkv(q, k, v)
-    check_mask(mask, shapes, kind, causal=causal)
+    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
-    name = backend or ("torch" if kind == "torch" else "numpy")
+    name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
     module = backend_module(name)
     q_b, k_b, v_b, mask_b = _to_backend_kind([q, k, v, mask], kind, module.ARRAY_KIND, name)
-    out = module.forward(q_b, k_b, v_b, mask_b, bool(causal), scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, in words
+        out = module.forward(q_b, k_b, v_b, mask_b, causal, scale)
     if kind == "numpy" and is_tensor(out):
-        return out.numpy()
+        out = out.numpy()
+    check_scores_fit("attention", out, q.dtype, kind)
     return out
+
+
+def dtype_name(dtype):
+    """``float32`` for both ``np.float32`` and ``torch.float32``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_scores_fit(what, result, dtype, kind):
+    """Raise NonFiniteError when ``result`` of finite, validated inputs holds NaN or inf.
+
+    The inputs were checked to be finite and the mask to leave every query a
+    key, so the only way to get here is scores ``q . k * scale`` beyond the
+    dtype's range: the softmax then computes inf - inf = NaN.
+    """
+    finite = bool(torch_module().isfinite(result).all()) if is_tensor(result) else bool(np.isfinite(result).all())
+    if finite:
+        return
+    limit = float(torch_module().finfo(dtype).max) if kind == "torch" else float(np.finfo(dtype).max)
+    raise NonFiniteError(
+        f"{what} got finite inputs but its scores q . k * scale overflow {dtype_name(dtype)} (largest "
+        f"finite value {limit:.3g}), so the result would be NaN; rescale q and k (e.g. "
+        "normalise the embeddings) or compute in a wider dtype"
+    )
 
 
 def attention_weights(q, k, *, mask=None, causal=False, scale=None):
@@ -128,13 +168,19 @@ def attention_weights(q, k, *, mask=None, causal=False, scale=None):
     Same kind as the input, shape (..., T_q, T_k). Row i holds how much query i
     takes from each key; masked keys get exactly 0.
     """
+    q, k, mask = as_arrays(q=q, k=k, mask=mask)
+    causal = causal_alignment(causal)
     kind, shapes = check_qkv(q, k)
-    check_mask(mask, shapes, kind, causal=causal)
+    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
     if kind == "numpy":
-        return stable_softmax(masked_scores(q, k, mask, causal, scale), axis=-1)
-    torch = torch_module()
-    from .backends.torch_naive import masked_scores as masked_scores_torch
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, in words
+            weights = stable_softmax(masked_scores(q, k, mask, causal, scale), axis=-1).astype(q.dtype)
+    else:
+        torch = torch_module()
+        from .backends.torch_naive import masked_scores as masked_scores_torch
 
-    scores = masked_scores_torch(q, k, mask, causal, scale)  # (..., T_q, T_k)
-    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+        scores = masked_scores_torch(q, k, mask, causal, scale)  # (..., T_q, T_k), at least float32
+        weights = torch.softmax(scores, dim=-1).to(q.dtype)
+    check_scores_fit("attention_weights", weights, q.dtype, kind)
+    return weights

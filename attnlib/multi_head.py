@@ -5,7 +5,9 @@ the layout ``torch.nn.MultiheadAttention`` uses, so the same weights give the
 same answer there and here.
 """
 
-from .arrays import array_kind, is_tensor
+import numpy as np
+
+from .arrays import array_kind, as_arrays, is_tensor
 from .attention import attention
 from .errors import ShapeError
 from .projections import project_qkv
@@ -46,11 +48,15 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, n_heads, *, causal=False, backen
     -------
     Same kind as ``x``, shape (..., T, d_out).
     """
+    x, w_q, w_k, w_v, w_o = as_arrays(x=x, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
     array_kind(x=x, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
-    if int(n_heads) != n_heads or n_heads < 1:
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
         raise ValueError(f"n_heads must be a positive integer, got {n_heads!r}")
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o)):
+        if w.ndim != 2:
+            raise ShapeError(f"{name} must be a 2-D weight matrix, got shape {tuple(w.shape)}")
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if w.ndim == 2 and w.shape[1] % n_heads:
+        if w.shape[1] % n_heads:
             raise ShapeError(
                 f"{name} has {w.shape[1]} output columns (shape {tuple(w.shape)}), "
                 f"which n_heads={n_heads} does not divide"

@@ -9,7 +9,7 @@ overflow. Entries of -inf (masked keys) come out as exactly 0.
 import numpy as np
 
 from .arrays import as_array, is_tensor, torch_module
-from .errors import MaskError, NonFiniteError
+from .errors import DTypeError, MaskError, NonFiniteError, ShapeError
 
 
 def softmax(x, axis=-1):
@@ -29,14 +29,20 @@ def softmax(x, axis=-1):
 
     Raises
     ------
+    DTypeError
+        If ``x`` is complex (softmax is defined on real scores).
+    ShapeError
+        If ``x`` is empty, or ``axis`` is not one of its axes.
     NonFiniteError
         If ``x`` holds NaN or +inf.
     MaskError
         If a whole slice along ``axis`` is -inf (there is nothing to normalise).
     """
     if is_tensor(x):
+        _check_shape_and_dtype(tuple(x.shape), x.dtype, x.is_complex(), axis)
         return _softmax_torch(x, axis)
     x = as_array(x)
+    _check_shape_and_dtype(x.shape, x.dtype, np.iscomplexobj(x), axis)
     if not np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float64)
     if np.isnan(x).any() or (x == np.inf).any():
@@ -47,6 +53,21 @@ def softmax(x, axis=-1):
             "-inf, so no entry can take the weight"
         )
     return stable_softmax(x, axis)
+
+
+def _check_shape_and_dtype(shape, dtype, is_complex, axis):
+    if is_complex:
+        raise DTypeError(
+            f"softmax needs real scores, got complex dtype {dtype} with shape {shape}; "
+            "take .real or abs() first"
+        )
+    ndim = len(shape)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ShapeError(f"axis={axis!r} is not an axis of the softmax input of shape {shape}")
+    if 0 in shape:
+        raise ShapeError(
+            f"softmax of an empty array (shape {shape}): there is no entry to give the weight to"
+        )
 
 
 def stable_softmax(x, axis=-1):

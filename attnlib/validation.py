@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import array_kind, torch_module
-from .errors import DTypeError, MaskError, NonFiniteError, ShapeError
+from .errors import DTypeError, MaskError, MixedArrayTypesError, NonFiniteError, ShapeError
+from .masks import causal_alignment, causal_offset
 
 
 @dataclass(frozen=True)
@@ -142,19 +143,64 @@ def check_scale(scale, d_k):
     return value
 
 
-def check_mask(mask, shapes, kind, causal=False):
-    """Check a boolean or additive float mask against the score shape.
+def check_backend(backend):
+    """``backend`` must be None (the default for the input kind) or a non-empty name."""
+    if backend is None or (isinstance(backend, str) and backend):
+        return backend
+    raise ValueError(f"backend must be None or a backend name such as 'numpy', got {backend!r}")
 
-    Raises :class:`MaskError` when the mask does not broadcast to
-    ``(..., T_q, T_k)``, when a float mask holds NaN or +inf, or when some query
-    row is left with no key it may attend to (its softmax would be 0/0).
-    Returns the mask unchanged.
+
+def _mask_in_dtype(mask, kind, dtype):
+    """A float mask converted to ``dtype``, the dtype every backend computes the mask in."""
+    if dtype is None or mask.dtype == dtype:
+        return mask
+    if kind == "torch":
+        return mask.to(dtype)
+    with np.errstate(over="ignore"):  # overflow is reported by check_mask, in words
+        return mask.astype(dtype)
+
+
+def check_mask(mask, shapes, kind, causal=None, dtype=None):
+    """Check a boolean or additive float mask, and the causal alignment, against the scores.
+
+    Parameters
+    ----------
+    mask : array or None
+        Boolean (True = may attend) or float (added to the scores).
+    shapes : AttentionShapes
+    kind : {"numpy", "torch"}
+    causal : None, "top-left" or "bottom-right"
+        As returned by :func:`attnlib.masks.causal_alignment`.
+    dtype : dtype, optional
+        The inputs' dtype. A float mask is converted to it *before* it is
+        checked, since that is what the backends compute with: -1e5 becomes
+        -inf in float16, and 1e40 becomes inf in float32.
+
+    Returns
+    -------
+    The mask, a float one converted to ``dtype``.
+
+    Raises
+    ------
+    MaskError
+        When the mask does not broadcast to ``(..., T_q, T_k)``, when a float
+        mask holds NaN or +inf (or a value that overflows ``dtype``), or when
+        some query row is left with no key it may attend to (its softmax would
+        be 0/0), by the mask, by the causal alignment, or by both.
     """
     if mask is None:
+        if causal == "bottom-right" and shapes.t_q > shapes.t_k:
+            raise MaskError(
+                f"causal='bottom-right' with T_q={shapes.t_q} queries and only T_k={shapes.t_k} "
+                f"keys leaves the first {shapes.t_q - shapes.t_k} query rows with no key to attend "
+                "to; bottom-right alignment needs T_q <= T_k (use causal=True for top-left)"
+            )
         return None
-    if array_kind(mask=mask) != kind:
-        raise MaskError(
-            f"mask is a {array_kind(mask=mask)} array but q, k and v are {kind} arrays"
+    mask_kind = array_kind(mask=mask)
+    if mask_kind != kind:
+        raise MixedArrayTypesError(
+            f"mask is a {mask_kind} array but q, k and v are {kind} arrays; "
+            "convert the mask to the same kind"
         )
     score_shape = shapes.score_shape
     is_bool = (mask.dtype == torch_module().bool) if kind == "torch" else mask.dtype == np.bool_
@@ -175,52 +221,69 @@ def check_mask(mask, shapes, kind, causal=False):
     if is_bool:
         allowed = mask
     else:
-        if kind == "torch":
-            torch = torch_module()
-            bad = bool((torch.isnan(mask) | (mask == float("inf"))).any())
-        else:
-            bad = bool((np.isnan(mask) | (mask == np.inf)).any())
-        if bad:
+        if _has_nan_or_posinf(mask, kind):
             raise MaskError(
                 f"float mask (shape {_shape(mask)}) contains NaN or +inf; use 0 to keep "
                 "a key and -inf to drop it"
             )
+        converted = _mask_in_dtype(mask, kind, dtype)
+        if _has_nan_or_posinf(converted, kind):
+            raise MaskError(
+                f"float mask (shape {_shape(mask)}, dtype {_dtype_name(mask.dtype)}) holds a value "
+                f"too large for {_dtype_name(dtype)}, the dtype of q, k and v, so it becomes +inf there; keep mask "
+                "values within that dtype's range"
+            )
+        mask = converted
         allowed = mask > float("-inf")
-    _check_every_row_has_a_key(allowed, shapes, kind, causal)
+    _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=not is_bool and dtype is not None)
     return mask
 
 
-def _check_every_row_has_a_key(allowed, shapes, kind, causal):
+def _dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def _has_nan_or_posinf(x, kind):
+    if kind == "torch":
+        torch = torch_module()
+        return bool((torch.isnan(x) | (x == float("inf"))).any())
+    return bool((np.isnan(x) | (x == np.inf)).any())
+
+
+def _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=False):
     """Raise MaskError if some query row may attend to no key.
 
     Works on the mask's own (possibly broadcast) shape: under a causal mask a
-    row i is empty when its first allowed key comes after i, so no (T_q, T_k)
-    array is built here even for very long sequences.
+    row i is empty when its first allowed key comes after ``i + offset``, so no
+    (T_q, T_k) array is built here even for very long sequences.
     """
     rows = allowed.shape[-2] if allowed.ndim >= 2 else 1
+    offset = causal_offset(shapes.t_q, shapes.t_k, causal) if causal else 0
     if kind == "torch":
         torch = torch_module()
-        has_any = allowed.any(dim=-1)
-        empty = ~has_any
+        empty = ~allowed.any(dim=-1)
         if causal:
             first = allowed.to(torch.uint8).argmax(dim=-1)  # index of the first allowed key
-            row_index = torch.arange(rows, device=allowed.device) if rows == shapes.t_q else 0
-            empty = empty | (first > row_index)
+            row_index = torch.arange(shapes.t_q, device=allowed.device) if rows == shapes.t_q else 0
+            empty = empty | (first > row_index + offset)
         if not bool(empty.any()):
             return
         where = tuple(int(i) for i in torch.nonzero(empty)[0].tolist())
     else:
-        has_any = np.any(allowed, axis=-1)
-        empty = ~has_any
+        empty = ~np.any(allowed, axis=-1)
         if causal:
             first = np.argmax(allowed, axis=-1)  # index of the first allowed key
-            row_index = np.arange(rows) if rows == shapes.t_q else 0
-            empty = empty | (first > row_index)
+            row_index = np.arange(shapes.t_q) if rows == shapes.t_q else 0
+            empty = empty | (first > row_index + offset)
         if not empty.any():
             return
         where = tuple(int(i) for i in np.argwhere(empty)[0])
+    if rows == 1 and causal:  # a mask row shared by every query: the earliest query is the one left empty
+        where = (*where[:-1], 0) if where else (0,)
+    causal_note = f" together with causal={causal!r}" if causal else ""
+    dtype_note = " (after conversion to the dtype of q, k and v, where large negative values become -inf)" if converted else ""
     raise MaskError(
-        f"the mask leaves query row {where[-1] if where else 0} (index {where} of the mask's rows, "
-        f"score shape {shapes.score_shape}) with no key to attend to; its softmax would "
-        "be 0/0. Allow at least one key per query, or drop that query"
+        f"the mask{dtype_note}{causal_note} leaves query row {where[-1] if where else 0} "
+        f"(index {where} of the mask's rows, score shape {shapes.score_shape}) with no key to "
+        "attend to; its softmax would be 0/0. Allow at least one key per query, or drop that query"
     )

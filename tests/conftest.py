@@ -11,12 +11,15 @@ def reference_attention(q, k, v, *, mask=None, causal=False, scale=None):
 
     Written without attnlib, so that a bug shared by every backend still shows.
     Boolean mask: True = may attend. Float mask: added to the scores.
+    causal: True or "top-left" (key j allowed for query i iff j <= i), or
+    "bottom-right" (iff j <= i + T_k - T_q).
     """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     t_q, d_k = q.shape[-2:]
     t_k, d_v = v.shape[-2:]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    offset = t_k - t_q if causal == "bottom-right" else 0
     q, k, v = (np.broadcast_to(a, (*batch, *a.shape[-2:])) for a in (q, k, v))
     if mask is not None:
         mask = np.broadcast_to(np.asarray(mask), (*batch, t_q, t_k))
@@ -26,7 +29,7 @@ def reference_attention(q, k, v, *, mask=None, causal=False, scale=None):
             scores = []
             for j in range(t_k):
                 s = sum(q[b][i, c] * k[b][j, c] for c in range(d_k)) * scale
-                allowed = not (causal and j > i)
+                allowed = not (causal and j > i + offset)
                 if mask is not None:
                     m = mask[b][i, j]
                     if mask.dtype == np.bool_:

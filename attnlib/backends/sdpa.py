@@ -1,7 +1,8 @@
 """PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention``.
 
-SDPA takes either ``is_causal=True`` or an ``attn_mask``, not both, so a causal
-call with an extra mask folds the two into one mask here.
+SDPA takes either ``is_causal=True`` (top-left aligned) or an ``attn_mask``,
+not both. So a causal call with an extra mask, and any bottom-right causal
+call, folds everything into one boolean or additive mask here.
 """
 
 ARRAY_KIND = "torch"
@@ -11,21 +12,27 @@ def forward(q, k, v, mask, causal, scale):
     import torch
     import torch.nn.functional as F
 
+    from .torch_naive import causal_keep
+
     batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    t_q, t_k = q.shape[-2], k.shape[-2]
     q = q.expand(*batch_shape, *q.shape[-2:])
     k = k.expand(*batch_shape, *k.shape[-2:])
     v = v.expand(*batch_shape, *v.shape[-2:])
     squeeze = q.ndim == 2
     if squeeze:  # SDPA wants at least one leading dimension
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.to(q.dtype)
-    if causal and mask is not None:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        if mask.dtype == torch.bool:
+    if causal and (mask is not None or causal == "bottom-right"):
+        keep = causal_keep(t_q, t_k, causal, q.device)  # (T_q, T_k)
+        if mask is None:
+            mask = keep
+        elif mask.dtype == torch.bool:
             mask = mask & keep
         else:
             mask = mask.masked_fill(~keep, float("-inf"))
-        causal = False
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+        causal = None
+    if mask is not None:
+        # SDPA indexes the mask's last two dimensions as (T_q, T_k): give it exactly that shape
+        mask = mask.expand(*q.shape[:-2], t_q, t_k)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=bool(causal), scale=scale)
     return out.squeeze(0) if squeeze else out

@@ -53,6 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ..arrays import as_arrays
+from ..masks import causal_alignment, causal_offset
 from ..validation import check_mask, check_qkv, check_scale
 
 ARRAY_KIND = "numpy"
@@ -60,22 +62,26 @@ ARRAY_KIND = "numpy"
 BLOCK_SIZE = 512  # queries per block and keys per block: 1 MiB of float32 scores per worker
 
 
-def key_blocks(i0, n_q, t_k, block_size, causal):
+def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None):
     """The key blocks that query rows ``i0 : i0 + n_q`` visit, as ``(j0, j1, on_diagonal)``.
 
-    Without ``causal`` that is every block of ``block_size`` keys. With it, a
-    block whose first key comes after the last query row (``j0 > i0 + n_q - 1``)
+    Without ``causal`` that is every block of ``block_size`` keys. With it,
+    query i may attend key j only if ``j <= i + offset`` (offset 0 for
+    ``True``/"top-left"; ``T_k - T_q`` for "bottom-right", which needs ``t_q``,
+    the number of queries, defaulting to ``t_k``). So a block whose first key
+    comes after the last row's last allowed key (``j0 > i0 + n_q - 1 + offset``)
     is skipped: every score in it would be masked. ``on_diagonal`` is True for a
-    visited block that still holds some key j > i for some row i, so it needs
-    the causal mask entry by entry; the blocks below the diagonal need none.
+    visited block that still holds some key j > i + offset for some row i, so it
+    needs the causal mask entry by entry; the blocks below the diagonal need none.
     """
-    end = min(t_k, i0 + n_q) if causal else t_k
+    offset = causal_offset(t_k if t_q is None else t_q, t_k, causal) if causal else None
+    end = t_k if offset is None else max(0, min(t_k, i0 + n_q + offset))
     for j0 in range(0, end, block_size):
         j1 = min(j0 + block_size, t_k)
-        yield j0, j1, causal and j1 - 1 > i0
+        yield j0, j1, offset is not None and j1 - 1 > i0 + offset
 
 
-def _attend_query_block(q_blk, k, v, mask, i0, causal, block_size):
+def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
     """Output rows ``i0 : i0 + len(q_blk)`` by online softmax over blocks of keys.
 
     Parameters
@@ -88,15 +94,19 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, block_size):
         The mask rows of this query block: boolean (True = may attend) or additive.
     i0 : int
         Index of the block's first query, for the causal mask.
+    causal : None, "top-left" or "bottom-right"
+    t_q : int
+        The number of queries in the whole sequence, for "bottom-right".
     """
     n_q, t_k = q_blk.shape[0], k.shape[0]
     m_i = np.full(n_q, -np.inf, dtype=q_blk.dtype)  # running max of each row's scores
     l_i = np.zeros(n_q, dtype=q_blk.dtype)  # running sum of exp(score - m_i)
     acc = np.zeros((n_q, v.shape[1]), dtype=q_blk.dtype)  # running sum of exp(score - m_i) * v_j
-    for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal):
+    offset = causal_offset(t_q, t_k, causal) if causal else 0
+    for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal, t_q):
         s = q_blk @ k[j0:j1].T  # (n_q, d_k) @ (d_k, n_k) -> (n_q, n_k), the only block of scores
-        if on_diagonal:  # drop keys j > i
-            future = np.arange(j0, j1) > np.arange(i0, i0 + n_q)[:, None]  # (n_q, n_k)
+        if on_diagonal:  # drop keys j > i + offset
+            future = np.arange(j0, j1) > np.arange(i0 + offset, i0 + offset + n_q)[:, None]  # (n_q, n_k)
             s[future] = -np.inf
         if mask is not None:
             if mask.dtype == np.bool_:
@@ -159,7 +169,7 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
         b, i0 = task  # b: a batch index tuple, i0: the first query of the block
         i1 = min(i0 + block_size, t_q)
         rows = None if mask is None else mask[b][i0:i1]
-        output[b][i0:i1] = _attend_query_block(q_scaled[b][i0:i1], k[b], v[b], rows, i0, causal, block_size)
+        output[b][i0:i1] = _attend_query_block(q_scaled[b][i0:i1], k[b], v[b], rows, i0, causal, t_q, block_size)
 
     tasks = [(b, i0) for b in np.ndindex(*batch_shape) for i0 in range(0, t_q, block_size)]
     workers = min(workers or _default_workers(), len(tasks))
@@ -188,8 +198,8 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=
     mask : array, optional
         Broadcastable to (..., T_q, T_k). Boolean: True where a query may
         attend to a key. Float: added to the scores (0 keeps, -inf drops).
-    causal : bool
-        Query i attends only to keys j <= i (top-left aligned).
+    causal : bool or str
+        As for :func:`attnlib.attention`: True or "top-left", "bottom-right", or False.
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
     block_size : int
@@ -202,12 +212,14 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=
     -------
     array, shape (..., T_q, d_v)
     """
+    q, k, v, mask = as_arrays(q=q, k=k, v=v, mask=mask)
+    causal = causal_alignment(causal)
     kind, shapes = check_qkv(q, k, v)
-    check_mask(mask, shapes, kind, causal=causal)
+    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
     if kind != ARRAY_KIND:
         raise TypeError(
             "tiled_attention computes on NumPy arrays but got torch tensors; "
             "pass tensor.numpy(), or use attention(..., backend='triton') on a GPU"
         )
-    return forward(q, k, v, mask, bool(causal), scale, block_size=block_size, workers=workers)
+    return forward(q, k, v, mask, causal, scale, block_size=block_size, workers=workers)

@@ -8,13 +8,29 @@ what the fused kernels avoid.
 ARRAY_KIND = "torch"
 
 
-def masked_scores(q, k, mask, causal, scale):
-    """Scaled scores with masked entries set to -inf, shape (..., T_q, T_k)."""
+def causal_keep(t_q, t_k, alignment, device):
+    """Boolean (T_q, T_k) tensor, True where query i may attend key j (``j <= i + offset``)."""
     import torch
 
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
+    from ..masks import causal_offset
+
+    keep = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    return keep.tril(diagonal=causal_offset(t_q, t_k, alignment))
+
+
+def masked_scores(q, k, mask, causal, scale):
+    """Scaled scores with masked entries set to -inf, shape (..., T_q, T_k), at least float32.
+
+    The scale multiplies q before the product, so a raw q . k too large for
+    float16 cannot overflow on the way to a scaled score that fits; the scores
+    are then kept in float32 for the softmax, as fused kernels do.
+    """
+    import torch
+
+    scores = (q * scale) @ k.transpose(-2, -1)  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        keep = causal_keep(q.shape[-2], k.shape[-2], causal, q.device)
         scores = scores.masked_fill(~keep, float("-inf"))
     if mask is not None:
         if mask.dtype == torch.bool:
@@ -28,6 +44,5 @@ def forward(q, k, v, mask, causal, scale):
     import torch
 
     scores = masked_scores(q, k, mask, causal, scale)  # (..., T_q, T_k)
-    # half precision: softmax in fp32, as fused kernels do
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
     return weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)

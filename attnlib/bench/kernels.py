@@ -104,5 +104,5 @@ def make_call(kernel, q, k, v, causal):
     """
     forward = backend_module(backend_of(kernel)).forward
     scale = 1.0 / float(np.sqrt(q.shape[-1]))
-    causal = bool(causal)
+    causal = "top-left" if causal else None
     return lambda: forward(q, k, v, None, causal, scale)
