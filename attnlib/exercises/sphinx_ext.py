@@ -18,6 +18,13 @@ leaves a marker behind, and a transform removes everything from that marker
 to the matching ``solution-end``. With ``hide_solutions: false`` it changes
 nothing.
 
+It also numbers exercises per chapter. Sphinx numbers enumerable nodes across
+the whole book when the chapters have no section numbers, so the eighth exercise
+of the book would read "Exercise 8" wherever it sits. Here the exercises of
+``book/08_timing_on_gpu`` become Exercise 8.1, 8.2, ..., in page order, which
+matches their ids (``ch8.*``); titles, solution titles and references all read
+the same table.
+
 Use it next to sphinx-exercise in ``_config.yml``::
 
     sphinx:
@@ -27,6 +34,9 @@ Use it next to sphinx-exercise in ``_config.yml``::
       config:
         hide_solutions: true   # the instructors' build: no solutions
 """
+
+import re
+from pathlib import PurePosixPath
 
 from docutils import nodes
 from sphinx.transforms import SphinxTransform
@@ -71,9 +81,32 @@ class RemoveHiddenSolutions(SphinxTransform):
                 parent.remove(node)
 
 
+def chapter_number(docname):
+    """The chapter a page is, from its file name (``book/08_timing_on_gpu`` -> 8), or None."""
+    match = re.match(r"(\d+)_", PurePosixPath(docname).name)
+    return int(match.group(1)) if match else None
+
+
+def number_exercises_per_chapter(app, env):
+    """Renumber each chapter's exercises (chapter, 1), (chapter, 2), ... in page order.
+
+    Runs after Sphinx has assigned its book-wide numbers (``env-get-updated``), and
+    rewrites the same table sphinx-exercise and the HTML writer read them from.
+    """
+    for docname, numbers in env.toc_fignumbers.items():
+        chapter = chapter_number(docname)
+        exercises = numbers.get("exercise")
+        if chapter is None or not exercises:
+            continue
+        in_page_order = sorted(exercises, key=exercises.get)
+        numbers["exercise"] = {node_id: (chapter, k) for k, node_id in enumerate(in_page_order, 1)}
+    return []
+
+
 def setup(app):
     app.setup_extension("sphinx_exercise")
     app.add_node(hidden_solution_start)
     app.add_directive("solution-start", HideableSolutionStart, override=True)
     app.add_transform(RemoveHiddenSolutions)
+    app.connect("env-get-updated", number_exercises_per_chapter, priority=900)  # after Sphinx's (500)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
