@@ -170,3 +170,60 @@ def test_tiled_attention_refuses_tensors_and_bad_block_sizes(rng):
         tiled_attention(q, q, q, block_size=0)
     with pytest.raises(ValueError, match="block_size"):
         forward(q, q, q, None, False, 1.0, block_size=2.5)
+
+
+def test_threads_live_in_one_pool_kept_between_calls(rng, monkeypatch):
+    from attnlib.backends import tiled
+
+    monkeypatch.setattr(tiled, "INLINE_FLOPS", 0)  # thread even this small problem
+    q, k, v = (rng.standard_normal((2, 128, 8)) for _ in range(3))
+    tiled_attention(q, k, v, block_size=32, workers=2)
+    pool = tiled._POOLS[2]
+    tiled_attention(q, k, v, block_size=32, workers=2)
+    assert tiled._POOLS[2] is pool  # no new pool, no new threads
+
+
+def test_workers_caps_the_threads_that_run_tasks(rng, monkeypatch):
+    import threading
+
+    from attnlib.backends import tiled
+
+    monkeypatch.setattr(tiled, "INLINE_FLOPS", 0)
+    seen = set()
+    inner = tiled._attend_query_block
+
+    def spy(*args):
+        seen.add(threading.get_ident())
+        return inner(*args)
+
+    monkeypatch.setattr(tiled, "_attend_query_block", spy)
+    q, k, v = (rng.standard_normal((4, 96, 8)) for _ in range(3))
+    tiled_attention(q, k, v, block_size=16, workers=1)
+    assert seen == {threading.get_ident()}  # one worker: the caller's thread, no pool
+    seen.clear()
+    tiled_attention(q, k, v, block_size=16, workers=3)
+    assert threading.get_ident() not in seen and 1 <= len(seen) <= 3
+
+
+def test_small_problems_run_in_the_callers_thread_all_heads_at_once(rng, monkeypatch):
+    from attnlib.backends import tiled
+
+    calls = []
+    inner = tiled._attend_query_block
+
+    def spy(q_blk, *args):
+        calls.append(q_blk.shape)
+        return inner(q_blk, *args)
+
+    monkeypatch.setattr(tiled, "_attend_query_block", spy)
+    q, k, v = (rng.standard_normal((2, 3, 40, 8)) for _ in range(3))
+    out = tiled_attention(q, k, v, causal=True, block_size=16, workers=2)
+    assert calls == [(2, 3, 16, 8), (2, 3, 16, 8), (2, 3, 8, 8)]  # three query blocks, every head in each
+    np.testing.assert_allclose(out, reference_attention(q, k, v, causal=True), atol=1e-10)
+
+
+def test_workers_must_be_a_positive_integer(rng):
+    q = rng.standard_normal((4, 8))
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="workers must be a positive integer"):
+            tiled_attention(q, q, q, workers=bad)

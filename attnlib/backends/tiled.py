@@ -48,10 +48,11 @@ one thread per task (``threadpoolctl``); NumPy releases the GIL inside
 """
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from ..arrays import as_arrays
 from ..masks import causal_alignment, causal_offset
@@ -60,6 +61,7 @@ from ..validation import check_mask, check_qkv, check_scale
 ARRAY_KIND = "numpy"
 
 BLOCK_SIZE = 512  # queries per block and keys per block: 1 MiB of float32 scores per worker
+INLINE_FLOPS = 2**24  # below this much work, threads cost more than they save: run in the caller
 
 
 def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None):
@@ -82,15 +84,17 @@ def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None):
 
 
 def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
-    """Output rows ``i0 : i0 + len(q_blk)`` by online softmax over blocks of keys.
+    """Output rows ``i0 : i0 + n_q`` by online softmax over blocks of keys.
 
     Parameters
     ----------
-    q_blk : array, shape (block_q, d_k)
-        The query block, already multiplied by ``scale``.
-    k : array, shape (T_k, d_k)
-    v : array, shape (T_k, d_v)
-    mask : array or None, shape (block_q, T_k)
+    q_blk : array, shape (..., n_q, d_k)
+        The query block, already multiplied by ``scale``. Leading dimensions,
+        if any, must match those of ``k``, ``v`` and ``mask``: small inputs run
+        every (batch, head) at once.
+    k : array, shape (..., T_k, d_k)
+    v : array, shape (..., T_k, d_v)
+    mask : array or None, shape (..., n_q, T_k)
         The mask rows of this query block: boolean (True = may attend) or additive.
     i0 : int
         Index of the block's first query, for the causal mask.
@@ -98,31 +102,33 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
     t_q : int
         The number of queries in the whole sequence, for "bottom-right".
     """
-    n_q, t_k = q_blk.shape[0], k.shape[0]
-    m_i = np.full(n_q, -np.inf, dtype=q_blk.dtype)  # running max of each row's scores
-    l_i = np.zeros(n_q, dtype=q_blk.dtype)  # running sum of exp(score - m_i)
-    acc = np.zeros((n_q, v.shape[1]), dtype=q_blk.dtype)  # running sum of exp(score - m_i) * v_j
+    n_q, t_k = q_blk.shape[-2], k.shape[-2]
+    m_i = np.full(q_blk.shape[:-1], -np.inf, dtype=q_blk.dtype)  # running max of each row's scores
+    l_i = np.zeros(q_blk.shape[:-1], dtype=q_blk.dtype)  # running sum of exp(score - m_i)
+    acc = np.zeros((*q_blk.shape[:-1], v.shape[-1]), dtype=q_blk.dtype)  # ... of exp(score - m_i) v_j
     offset = causal_offset(t_q, t_k, causal) if causal else 0
     for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal, t_q):
-        s = q_blk @ k[j0:j1].T  # (n_q, d_k) @ (d_k, n_k) -> (n_q, n_k), the only block of scores
+        s = q_blk @ k[..., j0:j1, :].swapaxes(-2, -1)  # (n_q, d_k) @ (d_k, n_k) -> (n_q, n_k)
         if on_diagonal:  # drop keys j > i + offset
             future = np.arange(j0, j1) > np.arange(i0 + offset, i0 + offset + n_q)[:, None]  # (n_q, n_k)
-            s[future] = -np.inf
+            np.copyto(s, -np.inf, where=future)
         if mask is not None:
             if mask.dtype == np.bool_:
-                s[~mask[:, j0:j1]] = -np.inf  # True = may attend
+                np.copyto(s, -np.inf, where=~mask[..., j0:j1])  # True = may attend
             else:
-                s += mask[:, j0:j1]  # additive: 0 keeps, -inf drops
-        m_new = np.maximum(m_i, s.max(axis=1))  # (n_q,)
-        # a row that has met no allowed key yet has m_new = -inf; shifting it by 0 keeps exp(-inf) = 0
-        shift = np.where(np.isneginf(m_new), 0.0, m_new)
-        p = np.exp(np.subtract(s, shift[:, None], out=s), out=s)  # in place: (n_q, n_k), all <= 1
+                s += mask[..., j0:j1]  # additive: 0 keeps, -inf drops
+        m_new = np.maximum(m_i, s.max(axis=-1))  # (n_q,)
+        shift = m_new
+        if on_diagonal or mask is not None:
+            # a row that has met no allowed key yet has m_new = -inf; shifting it by 0 keeps exp(-inf) = 0
+            shift = np.where(np.isneginf(m_new), 0.0, m_new)
+        p = np.exp(np.subtract(s, shift[..., None], out=s), out=s)  # in place: (n_q, n_k), all <= 1
         alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
-        l_i = alpha * l_i + p.sum(axis=1)
-        acc *= alpha[:, None]
-        acc += p @ v[j0:j1]  # (n_q, n_k) @ (n_k, d_v) -> (n_q, d_v)
+        l_i = alpha * l_i + p.sum(axis=-1)
+        acc *= alpha[..., None]
+        acc += p @ v[..., j0:j1, :]  # (n_q, n_k) @ (n_k, d_v) -> (n_q, d_v)
         m_i = m_new
-    return acc / l_i[:, None]  # (n_q, d_v)
+    return acc / l_i[..., None]  # (n_q, d_v)
 
 
 def _default_workers():
@@ -130,6 +136,26 @@ def _default_workers():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+_POOLS = {}  # workers -> ThreadPoolExecutor, made once and kept: a new pool costs about 0.5 ms
+_CONTROLLER = []  # the ThreadpoolController, made once: finding the BLAS libraries costs about 0.3 ms
+_LOCK = threading.Lock()
+
+
+def _pool(workers):
+    with _LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="attnlib-tiled")
+        return _POOLS[workers]
+
+
+def _one_blas_thread():
+    """A context in which the BLAS library runs single-threaded (our threads share the cores)."""
+    with _LOCK:
+        if not _CONTROLLER:
+            _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None):
@@ -143,9 +169,10 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
         Queries per query block and keys per key block.
     workers : int, optional
         Threads to spread (batch, head, query block) tasks over; defaults to the
-        number of cores this process may use. With one task or one worker,
-        the tasks run in this thread and the matrix-product library keeps its
-        own threads.
+        number of cores this process may use. With one task, one worker, or
+        less than ``INLINE_FLOPS`` of work, the tasks run in this thread and the
+        matrix-product library keeps its own threads. The threads live in a pool
+        kept between calls, so a small call pays no start-up.
 
     Returns
     -------
@@ -153,6 +180,8 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
     """
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if workers is not None and (int(workers) != workers or workers < 1):
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
     block_size = int(block_size)
     compute = np.result_type(q.dtype, np.float32)  # float16 -> float32, float64 stays
     batch_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -166,19 +195,24 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
     output = np.empty((*batch_shape, t_q, v.shape[-1]), dtype=q.dtype)
 
     def run(task):
-        b, i0 = task  # b: a batch index tuple, i0: the first query of the block
-        i1 = min(i0 + block_size, t_q)
-        rows = None if mask is None else mask[b][i0:i1]
-        output[b][i0:i1] = _attend_query_block(q_scaled[b][i0:i1], k[b], v[b], rows, i0, causal, t_q, block_size)
+        b, i0 = task  # b: a batch index tuple (or (...,) for all of it), i0: the block's first query
+        rows = (*b, slice(i0, min(i0 + block_size, t_q)), slice(None))
+        mask_rows = None if mask is None else mask[rows]
+        output[rows] = _attend_query_block(q_scaled[rows], k[b], v[b], mask_rows, i0, causal, t_q, block_size)
 
+    flops = 2 * int(np.prod(batch_shape)) * t_q * t_k * (q.shape[-1] + v.shape[-1])
+    if flops < INLINE_FLOPS:  # small: every (batch, head) at once, in this thread
+        for i0 in range(0, t_q, block_size):
+            run(((...,), i0))
+        return output
     tasks = [(b, i0) for b in np.ndindex(*batch_shape) for i0 in range(0, t_q, block_size)]
     workers = min(workers or _default_workers(), len(tasks))
-    if workers <= 1:  # one task, one worker asked for, or T_q == 0
+    if workers <= 1:
         for task in tasks:
             run(task)
     else:
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-            list(pool.map(run, tasks))  # list() re-raises any task's exception here
+        with _one_blas_thread():
+            list(_pool(workers).map(run, tasks))  # list() re-raises any task's exception here
     return output
 
 

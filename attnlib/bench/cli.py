@@ -119,8 +119,10 @@ def build_parser():
                      help="write a buffer of this many MiB before every timed call to evict the caches "
                           "(default: 256 on a GPU, 0 on a CPU)")
     how.add_argument("--threads", type=int, metavar="N",
-                     help="limit torch's and the BLAS libraries' CPU threads to N for the run, and record it "
-                          "(default: their own defaults, usually one per core)")
+                     help="limit torch's, the BLAS libraries' and the tiled kernel's CPU threads to N for the "
+                          "run, and record it (default on a CPU: 1, so that no kernel's idle threads spin on "
+                          "the cores another kernel is timed on, which on a small shared machine makes "
+                          "times jump by whole scheduler slices; on a GPU: the libraries' own defaults)")
     how.add_argument("--no-memory", action="store_true",
                      help="skip the extra call that measures peak memory")
     how.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
@@ -168,13 +170,16 @@ def main(argv=None):
         parser.error("--timer do_bench needs a GPU")
     if options["min_repeats"] < 1 or options["max_repeats"] < options["min_repeats"]:
         parser.error("need 1 <= --min-repeats <= --max-repeats")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    threads = args.threads if args.threads is not None or device != "cpu" else 1
 
     settings = sweep.Settings(
         device=device, timer=options["timer"], tf32=options["tf32"] == "on", warmup=options["warmup"],
         warmup_s=options["warmup_s"],
         min_repeats=options["min_repeats"], max_repeats=options["max_repeats"], budget_s=options["budget"],
         flush_bytes=None if options["flush_mb"] is None else options["flush_mb"] * 2**20,
-        measure_memory=not args.no_memory, peak_tflops=args.peak_tflops, threads=args.threads,
+        measure_memory=not args.no_memory, peak_tflops=args.peak_tflops, threads=threads,
     )
     configs = sweep.build_configs(
         chosen, options["seq_lens"], batch=options["batch"], heads=options["heads"],
@@ -183,8 +188,9 @@ def main(argv=None):
     )
     stamp = report.make_stamp(device=device, device_name=devices.device_name(device), tf32=settings.tf32,
                               dtypes=options["dtypes"], command=report.command_line(argv),
-                              threads=args.threads)
+                              threads=threads)
     print(f"# {stamp['device_name']} | torch {stamp['torch_version']} | TF32 {options['tf32']} | "
+          f"threads {threads or 'default'} | load average {stamp['load_average']} | "
           f"{len(configs)} rows | {stamp['date_utc']}")
     rows = sweep.run_sweep(configs, settings, progress=not args.no_progress)
     print(report.format_rows(rows))
@@ -193,6 +199,9 @@ def main(argv=None):
             first = group_rows[0]
             print(f"\nB={first['B']} H={first['H']} d={first['d']} {first['dtype']} "
                   f"causal={first['causal']}: " + report.format_ratio_table(group_rows, options["reference"]))
+    warning = report.format_flags(rows)
+    if warning:
+        print("\n" + warning)
     if args.output:
         report.write_results(args.output, stamp, rows, args.format)
         print(f"\nwrote {len(rows)} rows to {args.output}")

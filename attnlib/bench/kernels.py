@@ -96,13 +96,17 @@ def make_inputs(kind, B, H, T, d, dtype, device, seed=0):
     )
 
 
-def make_call(kernel, q, k, v, causal):
+def make_call(kernel, q, k, v, causal, threads=None):
     """A function of no arguments that runs one forward pass of ``kernel``.
 
     Uses the default scale ``1 / sqrt(d)`` and no mask other than ``causal``.
-    For a pinned SDPA kernel, call it inside :func:`pinned`.
+    ``threads`` caps the tiled backend's worker threads, as ``--threads`` caps
+    torch's and the BLAS libraries'. For a pinned SDPA kernel, call it inside
+    :func:`pinned`.
     """
     forward = backend_module(backend_of(kernel)).forward
     scale = 1.0 / float(np.sqrt(q.shape[-1]))
     causal = "top-left" if causal else None
+    if kernel == "tiled":
+        return lambda: forward(q, k, v, None, causal, scale, workers=threads)
     return lambda: forward(q, k, v, None, causal, scale)

@@ -30,20 +30,38 @@ def describe(stamp):
 
 
 def plot_against_t(ax, rows, column, *, kernels=None):
-    """One line per kernel of ``column`` against T, log-log; rows that did not run are left out."""
+    """One line per kernel of ``column`` against T, log-log; rows that did not run are left out.
+
+    Times get bars from the first to the third quartile of their repeats, and
+    rows that :func:`attnlib.bench.report.flag_rows` flagged get a black cross.
+    """
     label, factor = COLUMN_LABELS[column]
     names = kernels or list(dict.fromkeys(r["kernel"] for r in rows))
     for kernel in names:
-        points = sorted((r["T"], r[column] * factor) for r in rows
-                        if r["kernel"] == kernel and r["status"] == "ok" and r[column])
-        if points:
-            seq_lens, values = zip(*points)
+        chosen = sorted((r for r in rows if r["kernel"] == kernel and r["status"] == "ok" and r[column]),
+                        key=lambda r: r["T"])
+        if not chosen:
+            continue
+        seq_lens = [r["T"] for r in chosen]
+        values = [r[column] * factor for r in chosen]
+        if column == "time_ms" and all(r["time_q25_ms"] is not None for r in chosen):
+            # the bars span the interquartile range of the repeats: long bars mean a noisy row
+            spread = [[v - r["time_q25_ms"] for v, r in zip(values, chosen)],
+                      [r["time_q75_ms"] - v for v, r in zip(values, chosen)]]
+            ax.errorbar(seq_lens, values, yerr=spread, fmt="o-", capsize=3,
+                        color=KERNEL_COLORS.get(kernel), label=kernel)
+        else:
             ax.plot(seq_lens, values, "o-", color=KERNEL_COLORS.get(kernel), label=kernel)
+        flagged = [(T, v) for T, v, r in zip(seq_lens, values, chosen) if r.get("flag")]
+        if flagged:
+            ax.plot(*zip(*flagged), "x", color="black", markersize=9, zorder=5)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(label)
     ax.grid(True, which="major", alpha=0.3)
+    if any(r.get("flag") for r in rows):
+        ax.plot([], [], "x", color="black", label="flagged as noisy")
     ax.legend(fontsize=8)
     return ax
 

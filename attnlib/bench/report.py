@@ -47,7 +47,14 @@ ROW_COLUMNS = {
     "fraction_of_peak": float,  # tflop_per_s / peak_tflop_per_s
     "peak_extra_bytes": int,  # peak memory of one call above the start (see attnlib.bench.memory)
     "memory_method": str,  # which instrument measured peak_extra_bytes
+    "times_ms": str,  # every timed call, in order, space-separated (empty for do_bench)
+    "flag": str,  # why this row's time is not to be trusted (see flag_rows); None when it looks sound
 }
+
+# Columns added after files were first committed: a file without them reads as None.
+OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average")
+
+NOISY_IQR_OVER_MEDIAN = 0.2  # a row whose IQR is more than this fraction of its median is flagged
 
 STAMP_COLUMNS = {
     "date_utc": str,  # ISO 8601, e.g. 2026-01-31T12:00:00+00:00
@@ -60,6 +67,7 @@ STAMP_COLUMNS = {
     "torch_num_threads": int,  # CPU threads torch used
     "platform": str,
     "command": str,
+    "load_average": str,  # the 1, 5 and 15 minute load averages when the run started (os.getloadavg)
 }
 
 # The stamp of a JSON file also holds these, which a CSV keeps per row.
@@ -99,7 +107,22 @@ def make_stamp(*, device, device_name, tf32, dtypes, command, threads=None):
         "torch_num_threads": torch.get_num_threads() if threads is None else int(threads),
         "platform": platform.platform(),
         "command": command,
+        "load_average": load_average(),
     }
+
+
+def load_average():
+    """``"0.52 0.71 0.40"``: the machine's 1, 5 and 15 minute load averages, or None where unknown.
+
+    On a machine with few cores, a load near or above the core count means other
+    processes were competing for them, and the times of that run will be noisy.
+    """
+    import os
+
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return None
 
 
 def write_json(path, stamp, rows):
@@ -144,10 +167,10 @@ def read_results(path):
     if not records:
         raise ValueError(f"{path} holds no rows")
     columns = {**ROW_COLUMNS, **STAMP_COLUMNS}
-    missing = sorted(set(columns) - set(records[0]))
+    missing = sorted(set(columns) - set(records[0]) - set(OPTIONAL_COLUMNS))
     if missing:
         raise ValueError(f"{path} is missing the columns {missing}")
-    typed = [{name: _parse(record[name], kind) for name, kind in columns.items()} for record in records]
+    typed = [{name: _parse(record.get(name, ""), kind) for name, kind in columns.items()} for record in records]
     first = typed[0]
     stamp = {name: first[name] for name in STAMP_COLUMNS}
     stamp.update(device=first["device"], device_name=first["device_name"], tf32=first["tf32"],
@@ -202,6 +225,58 @@ def loglog_slope(rows, kernel, column="time_ms", min_t=1):
     return float(np.polyfit(np.log(seq_lens), np.log(values), 1)[0])
 
 
+def repeat_times_ms(row):
+    """The raw per-call times of a row, in ms, as a list (empty when the file has none)."""
+    return [float(t) for t in (row.get("times_ms") or "").split()]
+
+
+def flag_rows(rows, max_spread=NOISY_IQR_OVER_MEDIAN):
+    """Set each row's ``flag`` to why its time is not to be trusted, or None.
+
+    Two symptoms of a run disturbed by other work on the machine (on a CPU,
+    scheduler time slices taken by other processes or by a library's spinning
+    threads):
+
+    - "noisy": the interquartile range of the repeats is more than
+      ``max_spread`` of the median;
+    - "not growing with T": a kernel took no longer at a larger T than at a
+      smaller one, within the same sizes, dtype and causal setting, although its
+      work grows as T**2.
+
+    Returns the flagged rows.
+    """
+    for row in rows:
+        reasons = []
+        if row["status"] == "ok" and row["time_q25_ms"] is not None and row["time_ms"]:
+            spread = (row["time_q75_ms"] - row["time_q25_ms"]) / row["time_ms"]
+            if spread > max_spread:
+                reasons.append(f"noisy: IQR is {spread:.0%} of the median")
+        row["flag"] = "; ".join(reasons) or None
+    for group in split_groups(rows).values():
+        for kernel in dict.fromkeys(r["kernel"] for r in group):
+            timed = sorted((r for r in group if r["kernel"] == kernel and r["status"] == "ok"),
+                           key=lambda r: r["T"])
+            for shorter, longer in zip(timed, timed[1:]):
+                if longer["time_ms"] <= shorter["time_ms"]:
+                    for r in (shorter, longer):
+                        note = f"not growing with T: T={longer['T']} took no longer than T={shorter['T']}"
+                        r["flag"] = note if r["flag"] is None else f"{r['flag']}; {note}"
+    return [r for r in rows if r["flag"]]
+
+
+def format_flags(rows):
+    """A warning listing the flagged rows, or "" when none is flagged."""
+    flagged = [r for r in rows if r.get("flag")]
+    if not flagged:
+        return ""
+    lines = [f"WARNING: {len(flagged)} of {len(rows)} rows look disturbed by other work on this machine; "
+             "re-run them on a quiet machine (fewer --threads, a longer --warmup-s, more repeats) "
+             "before trusting their times:"]
+    for r in flagged:
+        lines.append(f"  {r['kernel']:<15} T={r['T']:<6} d={r['d']} {r['dtype']} causal={r['causal']}: {r['flag']}")
+    return "\n".join(lines)
+
+
 def _cell(value, fmt):
     return "" if value is None else format(value, fmt)
 
@@ -210,11 +285,14 @@ def format_rows(rows):
     """A plain-text table of the rows, for the terminal."""
     header = (f"{'kernel':<15} {'dtype':<9} {'causal':<6} {'B':>3} {'H':>3} {'T':>6} {'d':>4} "
               f"{'median ms':>10} {'IQR ms':>15} {'TFLOP/s':>8} {'of peak':>7} {'peak MiB':>9}  status")
+    # a flagged row's status ends in " (flagged)"; format_flags says why
     lines = [header, "-" * len(header)]
     for r in rows:
         iqr = "" if r["time_q25_ms"] is None else f"{r['time_q25_ms']:.3g}-{r['time_q75_ms']:.3g}"
         mib = None if r["peak_extra_bytes"] is None else r["peak_extra_bytes"] / 2**20
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['message'][:60]}"
+        if r.get("flag"):
+            status += " (flagged)"
         lines.append(
             f"{r['kernel']:<15} {r['dtype']:<9} {str(r['causal']):<6} {r['B']:>3} {r['H']:>3} {r['T']:>6} "
             f"{r['d']:>4} {_cell(r['time_ms'], '.4g'):>10} {iqr:>15} {_cell(r['tflop_per_s'], '.3g'):>8} "

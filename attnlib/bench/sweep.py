@@ -15,7 +15,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from . import devices, kernels, memory, timing
+from . import devices, kernels, memory, report, timing
 from .flops import ITEMSIZE, attention_flops
 from .report import ROW_COLUMNS
 
@@ -183,7 +183,7 @@ def run_config(config, settings, device_name, inputs=None):
             if inputs is None:
                 inputs = kernels.make_inputs(kind, config.B, config.H, config.T, config.d, config.dtype,
                                              settings.device)
-            fn = kernels.make_call(config.kernel, *inputs, config.causal)
+            fn = kernels.make_call(config.kernel, *inputs, config.causal, threads=settings.threads)
             with kernels.pinned(config.kernel):
                 result = _time(fn, settings)
                 if settings.measure_memory:
@@ -199,6 +199,7 @@ def run_config(config, settings, device_name, inputs=None):
         return row
     row.update(time_ms=result.median_s * 1e3, time_q25_ms=result.q25_s * 1e3, time_q75_ms=result.q75_s * 1e3,
                time_min_ms=result.min_s * 1e3, time_first_ms=result.first_s * 1e3, repeats=result.repeats,
+               times_ms=" ".join(f"{t * 1e3:.6g}" for t in result.times_s) or None,
                warmup=result.warmup, timer=result.method)
     achieved = row["flops"] / result.median_s
     row["tflop_per_s"] = achieved / 1e12
@@ -239,4 +240,5 @@ def run_sweep(configs, settings, *, progress=True):
                 except Exception:  # noqa: BLE001 - run_config makes them again and records why it fails
                     cached_inputs = None
             rows.append(run_config(config, settings, device_name, inputs=cached_inputs))
+    report.flag_rows(rows)
     return rows
