@@ -60,7 +60,7 @@ from ..validation import check_mask, check_qkv, check_scale
 
 ARRAY_KIND = "numpy"
 
-BLOCK_SIZE = 512  # queries per block and keys per block: 1 MiB of float32 scores per worker
+BLOCK_SIZE = 1024  # queries and keys per block: 4 MiB of float32 scores per worker; 512 was a few % slower
 INLINE_FLOPS = 2**24  # below this much work, threads cost more than they save: run in the caller
 
 
