@@ -1,6 +1,9 @@
 # Two commands do everything on a fresh machine with Python 3.11+ and make:
 #   make book   install into .venv, execute every chapter, build the HTML
-#   make test   install, unit tests, nbval over every notebook, strict book build
+#   make test   install, unit tests, nbval over every notebook, strict book build, and the
+#               browser test of that build (when a Chromium is installed; skipped, and said so,
+#               when not)
+# Also: make notebooks (re-execute and tidy the chapters), make lab (open them in JupyterLab).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +12,7 @@ STAMP  := $(VENV)/.installed
 JB     := $(BIN)/jupyter-book
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test unit nbval strict-book instructor-book notebooks install clean
+.PHONY: book test unit nbval strict-book browser-test instructor-book notebooks lab install clean
 
 install: $(STAMP)
 
@@ -43,12 +46,37 @@ instructor-book: $(STAMP)
 strict-book: $(STAMP)
 	$(JB) build . --builder html --all -W -n --keep-going
 
-test: unit nbval strict-book
-	@echo "make test: unit tests, nbval and the strict build all passed"
+# Headless Chromium opens every page of the strict build (_build/html) offline, at 1280 px and
+# 390 px: math typeset, images loaded, nothing wider than the column, interactive figures
+# react, no console errors, solutions collapsed. Needs `make strict-book` first.
+browser-test: $(STAMP)
+	@if ! $(BIN)/python -c "from tools.browser import find_chromium; raise SystemExit(find_chromium() is None)"; then \
+	  echo "make test: SKIPPED the browser test: no Chromium found (apt-get install chromium)"; \
+	elif [ ! -f _build/html/index.html ]; then \
+	  echo "make browser-test: no built book in _build/html; run make strict-book first" >&2; exit 1; \
+	else \
+	  BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest tests/test_browser.py -q -p no:cacheprovider; \
+	fi
 
-# Re-execute every chapter in place, so the stored outputs match a fresh run (nbval checks this).
+test: unit nbval strict-book
+	$(MAKE) --no-print-directory browser-test
+	@echo "make test: unit tests, nbval, the strict build and the browser check are done"
+
+# Re-execute every chapter in place, so the stored outputs match a fresh run (nbval checks this):
+# first each chapter's set-up cell from _config.yml, then the run, then what the reader sees
+# (nbval markers as tags, long listings collapsed) and the glued numbers written into the prose.
 notebooks: $(STAMP)
+	$(BIN)/python tools/colab_setup.py
 	$(BIN)/python tools/execute_notebooks.py book/*.ipynb
+	$(BIN)/python tools/notebook_hygiene.py
+	$(BIN)/python tools/sync_prose.py book/*.ipynb
+
+# The chapters in JupyterLab (installed on first use, pinned; not needed by book or test).
+# The prose shows the glued numbers there too: make notebooks writes them into the markdown.
+JUPYTERLAB := jupyterlab==4.6.6
+lab: $(STAMP)
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(JUPYTERLAB)"
+	$(BIN)/jupyter lab --notebook-dir=book
 
 clean:
 	rm -rf _build

@@ -1,0 +1,95 @@
+"""What a reader of the chapters sees of their code: short lines, no test markers, long
+listings collapsed, a first cell that installs attnlib, and interactive figures in place."""
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tools import colab_setup, notebook_hygiene
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+MAX_LINE = 88
+
+
+def _code_cells(path):
+    return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_code_line_is_longer_than_88_characters(chapter):
+    long_lines = [f"cell {cell.get('id')}, line {n}: {len(line)} characters"
+                  for cell in _code_cells(chapter)
+                  for n, line in enumerate(cell.source.splitlines(), 1) if len(line) > MAX_LINE]
+    assert not long_lines, f"{chapter.name}: code lines over {MAX_LINE} characters:\n" + "\n".join(long_lines)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_nbval_markers_are_cell_tags_not_comments(chapter):
+    visible = [(cell.get("id"), notebook_hygiene.nbval_comments(cell.source)) for cell in _code_cells(chapter)
+               if notebook_hygiene.nbval_comments(cell.source)]
+    assert not visible, f"run tools/notebook_hygiene.py: {visible}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_long_listings_are_collapsed_behind_a_summary(chapter):
+    for cell in _code_cells(chapter):
+        if notebook_hygiene.listing_lines(cell) > notebook_hygiene.LONG_LISTING_LINES:
+            assert "hide-output" in cell.metadata.get("tags", []), cell.get("id")
+            assert cell.metadata["mystnb"]["code_prompt_show"].startswith("Show the "), cell.get("id")
+
+
+def test_hygiene_moves_a_marker_comment_into_a_tag():
+    cell = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(time.time())", id="timing")
+    assert notebook_hygiene.move_nbval_markers_to_tags(cell)
+    assert cell.source == "print(time.time())"
+    assert cell.metadata["tags"] == ["nbval-ignore-output"]
+    assert not notebook_hygiene.move_nbval_markers_to_tags(cell)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_the_first_code_cell_installs_attnlib_from_the_configured_repository(chapter):
+    first = _code_cells(chapter)[0]
+    assert first.get("id") == colab_setup.CELL_ID, "run tools/colab_setup.py"
+    assert first.source == colab_setup.setup_source(*colab_setup.repository())
+    assert "remove-cell" in first.metadata.get("tags", [])
+
+
+def test_the_set_up_cell_does_nothing_where_attnlib_is_installed(monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("it tried to install"))
+    exec(compile(colab_setup.setup_source("https://example.invalid/repo", "main"), "setup", "exec"), {})
+
+
+def test_the_data_the_chapters_read_ships_with_the_package():
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = ROOT / "attnlib" / "data"
+    files = [p.relative_to(ROOT / "attnlib").as_posix() for p in data.rglob("*") if p.is_file()]
+    assert "data/cpu_ratios.csv" in files
+    for name in files:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in package_data["attnlib"]), name
+    assert (ROOT / "book" / "data").resolve() == data.resolve(), "book/data should link to attnlib/data"
+
+
+def test_at_least_four_interactive_figures_each_with_a_static_image_for_notebook_readers():
+    figures = 0
+    for chapter in CHAPTERS:
+        cells = nbformat.read(chapter, as_version=4).cells
+        for i, cell in enumerate(cells):
+            if cell.cell_type != "code" or not cell.get("id", "").startswith("interactive-"):
+                continue
+            html = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
+            if "attn-interactive" not in html:
+                continue
+            figures += 1
+            assert "remove-input" in cell.metadata.get("tags", []), cell.get("id")
+            assert not re.search(r"\b(src|href)=", html), f"{cell.get('id')} loads something"
+            nearby = cells[max(0, i - 3): i + 3]
+            assert any("image/png" in o.get("data", {}) for c in nearby if c.cell_type == "code"
+                       for o in c.outputs), f"{chapter.name} {cell.get('id')}: no static image beside it"
+    assert figures >= 4
