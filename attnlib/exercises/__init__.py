@@ -3,7 +3,7 @@
 >>> import attnlib.exercises
 >>> attnlib.exercises.list()[:2]
 ['ch1.qkv_parameter_count', 'ch1.project_queries']
->>> result = attnlib.exercises.check("ch3.quadratic_growth", 1024)  # prints its feedback
+>>> result = attnlib.exercises.check("ch3.quadratic_growth", 36)  # prints its feedback
 ch3.quadratic_growth: correct.
 >>> result.passed
 True

@@ -1,52 +1,80 @@
-"""Chapter 2, Token by token: one scaled score, one query's output, and where "cat" looks."""
+"""Chapter 2, Token by token: one scaled score, one query's output, and where "the" looks.
+
+The chapter follows "cat" and prints its scores, scaled scores and weights, so
+the by-hand and predict exercises here ask about other tokens, whose numbers
+the chapter never prints.
+"""
 
 import numpy as np
 
 from ..attention import attention_weights
 from ..examples import THE_CAT_SAT
 from ..scores import score_matrix
-from .core import Case, ChoiceExercise, FunctionExercise, Mistake, ValueExercise, attention_output
+from .core import (
+    Case,
+    ChoiceExercise,
+    FunctionExercise,
+    Mistake,
+    ValueExercise,
+    attention_output,
+    attention_sizes,
+)
 
-_CAT, _SAT = THE_CAT_SAT.index("cat"), THE_CAT_SAT.index("sat")
+# The pair of the by-hand exercise: the query of "sat" against the key of "the".
+_QUERY, _KEY = THE_CAT_SAT.index("sat"), THE_CAT_SAT.index("the")
+# The token of the predict exercise.
+_LOOKER = THE_CAT_SAT.index("the")
+
+
+def _row_text(row):
+    return "[" + ", ".join(f"{x:g}" for x in row) + "]"
 
 
 def _raw_score(query, key):
     return float(score_matrix(THE_CAT_SAT.q, THE_CAT_SAT.k)[query, key])
 
 
+_Q_NAME, _K_NAME = THE_CAT_SAT.tokens[_QUERY], THE_CAT_SAT.tokens[_KEY]
+
 scaled_score = ValueExercise(
     id="ch2.scaled_score",
     title="One scaled score",
     kind="by hand",
     task=(
-        'Using the rows of "the cat sat" from this chapter, compute the scaled score of the query of '
-        '"cat" against the key of "sat", $q_{cat} \\cdot k_{sat} / \\sqrt{d_k}$, with pen and paper '
+        f'In "the cat sat", the query of "{_Q_NAME}" is '
+        f"$q_{{{_Q_NAME}}} = {_row_text(THE_CAT_SAT.q[_QUERY])}$ "
+        f'and the key of "{_K_NAME}" is $k_{{{_K_NAME}}} = {_row_text(THE_CAT_SAT.k[_KEY])}$ '
+        f"($d_k = {THE_CAT_SAT.d_k}$). Compute the scaled score "
+        f"$q_{{{_Q_NAME}}} \\cdot k_{{{_K_NAME}}} / \\sqrt{{d_k}}$ with pen and paper "
         "(or as a sum typed out in a cell). Three decimal places are enough."
     ),
     starter="answer = ...  # a number",
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
-        'q_cat, k_sat = ex.q[ex.index("cat")], ex.k[ex.index("sat")]\n'
-        'print("q_cat =", q_cat, " k_sat =", k_sat)\n'
-        "products = q_cat * k_sat  # one product per dimension\n"
+        f'q_{_Q_NAME}, k_{_K_NAME} = ex.q[ex.index("{_Q_NAME}")], ex.k[ex.index("{_K_NAME}")]\n'
+        f"products = q_{_Q_NAME} * k_{_K_NAME}  # one product per dimension\n"
         "answer = float(products.sum() / np.sqrt(ex.d_k))\n"
-        'print(f"sum of products = {products.sum():.2f}, scaled by 1/sqrt({ex.d_k}): {answer:.3f}")'
+        'print(" + ".join(f"{a:g}*{b:g}" for a, b in '
+        f'zip(q_{_Q_NAME}, k_{_K_NAME})), f"= {{products.sum():.2f}}")\n'
+        'print(f"scaled by 1/sqrt({ex.d_k}): {answer:.3f}")'
     ),
     answer_name="answer",
-    expected=lambda: _raw_score(_CAT, _SAT) / np.sqrt(THE_CAT_SAT.d_k),
+    expected=lambda: _raw_score(_QUERY, _KEY) / np.sqrt(THE_CAT_SAT.d_k),
     atol=5e-4,
     tolerance_text="to 3 decimal places",
-    hint="multiply q_cat and k_sat entry by entry, add the four products, then divide by sqrt(d_k)",
+    hint="multiply the two rows entry by entry, add the four products, then divide by sqrt(d_k)",
     mistakes={
         "unscaled": Mistake(
-            lambda: _raw_score(_CAT, _SAT), "that is the raw dot product: divide it by sqrt(d_k)"
+            lambda: _raw_score(_QUERY, _KEY), "that is the raw dot product: divide it by sqrt(d_k)"
         ),
         "divided_by_d_k": Mistake(
-            lambda: _raw_score(_CAT, _SAT) / THE_CAT_SAT.d_k, "you divided by d_k: divide by its square root"
+            lambda: _raw_score(_QUERY, _KEY) / THE_CAT_SAT.d_k,
+            "you divided by d_k: divide by its square root",
         ),
         "swapped": Mistake(
-            lambda: _raw_score(_SAT, _CAT) / np.sqrt(THE_CAT_SAT.d_k),
-            'that is the query of "sat" against the key of "cat": take q from "cat" and k from "sat"',
+            lambda: _raw_score(_KEY, _QUERY) / np.sqrt(THE_CAT_SAT.d_k),
+            f'that is the query of "{_K_NAME}" against the key of "{_Q_NAME}": '
+            f'take q from "{_Q_NAME}" and k from "{_K_NAME}"',
         ),
     },
     explanation=(
@@ -59,7 +87,10 @@ def _one_query_cases():
     rng = np.random.default_rng(202)
     ex = THE_CAT_SAT
     return [
-        Case('the query of "cat" over "the cat sat" (T=3, d_k=4, d_v=4)', (ex.q[_CAT], ex.k, ex.v)),
+        Case(
+            'the query of "cat" over "the cat sat" (T=3, d_k=4, d_v=4)',
+            (ex.q[ex.index("cat")], ex.k, ex.v),
+        ),
         Case(
             "T=6 keys, d_k=8, d_v=3", (rng.normal(size=8), rng.normal(size=(6, 8)), rng.normal(size=(6, 3)))
         ),
@@ -121,6 +152,7 @@ one_query_output = FunctionExercise(
     answer_name="attend_one",
     cases=_one_query_cases,
     expected=_one_query_expected,
+    sizes=attention_sizes,
     mistakes={
         "unscaled": Mistake(
             _loop_with_scale(lambda d_k: 1.0), "you did not scale the scores: divide each by sqrt(d_k)"
@@ -140,55 +172,59 @@ one_query_output = FunctionExercise(
 )
 
 
-def _weights_of_cat():
-    return attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)[_CAT]  # row "cat": (T,)
-
-
 def _most_attended():
-    return THE_CAT_SAT.tokens[int(np.argmax(_weights_of_cat()))]
+    weights = attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)[_LOOKER]  # scaled, softmaxed: (T,)
+    return THE_CAT_SAT.tokens[int(np.argmax(weights))]
 
 
-def _column_reading():
-    column = attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)[:, _CAT]
-    return THE_CAT_SAT.tokens[int(np.argmax(column))]
+_LOOKER_NAME = THE_CAT_SAT.tokens[_LOOKER]
+_KEYS_TEXT = ", ".join(
+    f"$k_{{{token}}} = {_row_text(row)}$" for token, row in zip(THE_CAT_SAT.tokens, THE_CAT_SAT.k)
+)
+_OPTIONS_TEXT = (
+    ", ".join(f'`"{token}"`' for token in THE_CAT_SAT.tokens[:-1]) + f' or `"{THE_CAT_SAT.tokens[-1]}"`'
+)
 
-
-cat_attends_most = ChoiceExercise(
-    id="ch2.cat_attends_most",
-    title='Where does "cat" look?',
+the_attends_most = ChoiceExercise(
+    id="ch2.the_attends_most",
+    title=f'Where does "{_LOOKER_NAME}" look?',
     kind="predict",
     task=(
-        'Before computing anything: in "the cat sat", with scaling and no mask, which token does '
-        '"cat" give the largest attention weight? Set `answer` to `"the"`, `"cat"` or `"sat"`.'
+        f'This chapter followed "cat". Now take "{_LOOKER_NAME}": with scaling and no mask, which token '
+        f'does "{_LOOKER_NAME}" give the largest attention weight? Decide from dot products alone, '
+        "without computing a softmax. Its query is "
+        f"$q_{{{_LOOKER_NAME}}} = {_row_text(THE_CAT_SAT.q[_LOOKER])}$ and the keys are {_KEYS_TEXT}. "
+        f"Set `answer` to {_OPTIONS_TEXT}."
     ),
-    starter='answer = ...  # "the", "cat" or "sat"',
+    starter="answer = ...  # " + " or ".join(f'"{token}"' for token in THE_CAT_SAT.tokens),
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
-        'weights_of_cat = attnlib.attention_weights(ex.q, ex.k)[ex.index("cat")]  # row "cat"\n'
-        "for token, weight in zip(ex.tokens, weights_of_cat):\n"
-        '    print(f"{token:>4}: {weight:.4f}")\n'
-        "answer = ex.tokens[int(np.argmax(weights_of_cat))]"
+        f'q_{_LOOKER_NAME} = ex.q[ex.index("{_LOOKER_NAME}")]\n'
+        f"scores = ex.k @ q_{_LOOKER_NAME}  # one dot product per key: (T,)\n"
+        f"weights = attnlib.attention_weights(ex.q, ex.k)[ex.index(\"{_LOOKER_NAME}\")]  # the check\n"
+        "for token, score, weight in zip(ex.tokens, scores, weights):\n"
+        '    print(f"{token:>4}: score {score:.2f}, weight {weight:.4f}")\n'
+        "answer = ex.tokens[int(np.argmax(scores))]  # softmax keeps the order of the scores"
     ),
     answer_name="answer",
     options={token: token for token in THE_CAT_SAT.tokens},
     expected=_most_attended,
-    hint='compare the three entries of row "cat" of the weights, the query of "cat" against every key',
+    hint=(
+        f'the largest weight goes to the largest score: compute q_{_LOOKER_NAME} · k for each of the '
+        "three keys and compare"
+    ),
     mistakes={
-        "column": Mistake(
-            _column_reading,
-            'that token is the one that attends most to "cat" (column "cat"); '
-            'the question is about row "cat"',
-        ),
         "itself": Mistake(
-            lambda: "cat",
+            lambda: _LOOKER_NAME,
             "a token does not always match its own key best: "
             "the query and the key of a token come from different weights",
         ),
     },
     explanation=(
-        'The three weights of "cat" are close to one another: with scores this small, the softmax '
-        "spreads the weight almost evenly, and the largest score wins only by a little."
+        "Dividing by $\\sqrt{d_k}$ and the softmax both keep the order of the scores, so the largest "
+        "dot product gets the largest weight. Here that is not the token's own key: a query and a key "
+        "of the same token come from different weights and need not match."
     ),
 )
 
-EXERCISES = (scaled_score, one_query_output, cat_attends_most)
+EXERCISES = (scaled_score, one_query_output, the_attends_most)

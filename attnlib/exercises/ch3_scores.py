@@ -1,52 +1,80 @@
-"""Chapter 3, The score matrix: one entry, the whole matrix, the causal mask, and its growth."""
+"""Chapter 3, The score matrix: one entry, the whole matrix, and how fast it grows.
+
+The chapter prints the whole score matrix of "the cat sat" and the sizes of the
+matrix at 1,000 and 32,000 tokens, so the by-hand and predict exercises use a
+sentence and lengths it never prints. (The causal mask exercise is in chapter 4,
+which teaches masks.)
+"""
 
 import numpy as np
 
 from ..examples import THE_CAT_SAT
-from ..masks import causal_mask
 from ..scores import score_matrix
-from .core import Case, FunctionExercise, Mistake, ValueExercise
+from .core import Case, FunctionExercise, Mistake, ValueExercise, attention_sizes
 
-_CAT, _SAT = THE_CAT_SAT.index("cat"), THE_CAT_SAT.index("sat")
+# Another three-token sentence, with made-up queries and keys that, unlike those of
+# "the cat sat", have negative entries (as a trained layer's do).
+OTHER_TOKENS = ("dogs", "chase", "cats")
+OTHER_Q = np.array([[0.5, -0.3, 0.8, 0.1], [-0.6, 0.4, 0.2, 0.9], [0.7, 0.2, -0.5, 0.3]])
+OTHER_K = np.array([[0.4, 0.9, -0.2, 0.5], [0.3, -0.7, 0.6, 0.2], [-0.8, 0.1, 0.5, 0.6]])
+_ROW, _COLUMN = OTHER_TOKENS.index("chase"), OTHER_TOKENS.index("dogs")
 
 
-def _score(row, column):
-    return float(score_matrix(THE_CAT_SAT.q, THE_CAT_SAT.k)[row, column])
+def _other_score(row, column):
+    return float(score_matrix(OTHER_Q, OTHER_K)[row, column])
 
+
+def _matrix_tex(rows):
+    body = " \\\\ ".join(" & ".join(f"{x:g}" for x in row) for row in rows)
+    return f"\\begin{{bmatrix}} {body} \\end{{bmatrix}}"
+
+
+_ROW_NAME, _COLUMN_NAME = OTHER_TOKENS[_ROW], OTHER_TOKENS[_COLUMN]
 
 score_entry = ValueExercise(
     id="ch3.score_entry",
     title="One entry of the score matrix",
     kind="by hand",
     task=(
-        'In the score matrix $S = QK^\\top$ of "the cat sat", rows are queries and columns are keys. '
-        'Work out by hand the entry in row "sat", column "cat" (no scaling yet). '
-        "Two decimal places are enough."
+        f'Here are the queries and keys of another sentence, "{" ".join(OTHER_TOKENS)}", one row per '
+        'token. The numbers are made up and, unlike those of "the cat sat", some are negative, as in '
+        "a trained layer:\n\n"
+        f"$$Q = {_matrix_tex(OTHER_Q)}, \\qquad K = {_matrix_tex(OTHER_K)}$$\n\n"
+        "In the score matrix $S = QK^\\top$ rows are queries and columns are keys. Work out by hand the "
+        f'entry in row "{_ROW_NAME}", column "{_COLUMN_NAME}" (no scaling). Two decimal places are enough.'
     ),
     starter="answer = ...  # a number",
     solution=(
-        "ex = attnlib.examples.THE_CAT_SAT\n"
-        'q_sat, k_cat = ex.q[ex.index("sat")], ex.k[ex.index("cat")]\n'
-        "answer = float(q_sat @ k_cat)  # row = query, column = key\n"
-        'print(" + ".join(f"{a:.1f}*{b:.1f}" for a, b in zip(q_sat, k_cat)), f"= {answer:.2f}")'
+        f"q = np.array({OTHER_Q.tolist()})\n"
+        f"k = np.array({OTHER_K.tolist()})\n"
+        f"q_{_ROW_NAME}, k_{_COLUMN_NAME} = q[{_ROW}], k[{_COLUMN}]  # row = query, column = key\n"
+        f"answer = float(q_{_ROW_NAME} @ k_{_COLUMN_NAME})\n"
+        'print(" + ".join(f"({a:g})*({b:g})" for a, b in '
+        f'zip(q_{_ROW_NAME}, k_{_COLUMN_NAME})), f"= {{answer:.2f}}")'
     ),
     answer_name="answer",
-    expected=lambda: _score(_SAT, _CAT),
+    expected=lambda: _other_score(_ROW, _COLUMN),
     atol=5e-3,
     tolerance_text="to 2 decimal places",
-    hint='the entry is the dot product of the query of "sat" with the key of "cat"',
+    hint=f'the entry is the dot product of the query of "{_ROW_NAME}" with the key of "{_COLUMN_NAME}"',
     mistakes={
         "transposed": Mistake(
-            lambda: _score(_CAT, _SAT),
-            'that is row "cat", column "sat": the row gives the query ("sat"), the column the key ("cat")',
+            lambda: _other_score(_COLUMN, _ROW),
+            f'that is row "{_COLUMN_NAME}", column "{_ROW_NAME}": the row gives the query '
+            f'("{_ROW_NAME}"), the column the key ("{_COLUMN_NAME}")',
         ),
         "scaled": Mistake(
-            lambda: _score(_SAT, _CAT) / np.sqrt(THE_CAT_SAT.d_k),
+            lambda: _other_score(_ROW, _COLUMN) / np.sqrt(OTHER_Q.shape[-1]),
             "that is the scaled score: the score matrix itself is not divided by sqrt(d_k)",
+        ),
+        "signs_dropped": Mistake(
+            lambda: float(np.abs(OTHER_Q[_ROW] * OTHER_K[_COLUMN]).sum()),
+            "keep the signs: a product of a negative and a positive entry is negative and lowers the score",
         ),
     },
     explanation=(
-        'Row "sat" holds how well the query of "sat" matches every key; column "cat" picks the key of "cat".'
+        "Negative products pull the score down: a query and a key that disagree in sign on a "
+        "dimension fit less well."
     ),
 )
 
@@ -93,6 +121,7 @@ score_matrix_exercise = FunctionExercise(
     cases=_score_cases,
     expected=lambda case: score_matrix(*case.args),
     diagnose=_score_diagnose,
+    sizes=attention_sizes,
     mistakes={
         "keys_by_queries": Mistake(
             lambda q, k: k @ q.swapaxes(-2, -1),
@@ -109,65 +138,8 @@ score_matrix_exercise = FunctionExercise(
     ),
 )
 
-_HINT_FUTURE = "your mask lets tokens see the future"
-
-
-def _causal_cases():
-    return [Case(f"T={T}", (T,)) for T in (3, 6, 2, 1)]
-
-
-def _causal_diagnose(case, given, answer):
-    (T,) = case.args
-    mask = np.asarray(given)
-    if mask.shape != (T, T) or mask.dtype != np.bool_:
-        return None
-    future = np.argwhere(np.triu(mask, k=1))
-    if future.size:
-        i, j = future[0]
-        if not np.tril(mask).any():
-            return (
-                f"token {i} can see token {j} but not itself: {_HINT_FUTURE}; "
-                "True must mean 'may attend' (j <= i)"
-            )
-        return f"token {i} can see token {j}: {_HINT_FUTURE}"
-    missing = np.flatnonzero(~np.diag(mask))
-    if missing.size:
-        return f"token {missing[0]} cannot see itself: keep the diagonal, query i may attend to keys j <= i"
-    return None
-
-
-causal_mask_exercise = FunctionExercise(
-    id="ch3.causal_mask",
-    title="The causal mask",
-    kind="implement",
-    task=(
-        "Write `causal(T)` that returns the causal mask of a decoder: a boolean array of shape `(T, T)` "
-        "that is `True` where query `i` may attend to key `j`, that is where $j \\le i$. This is the "
-        "convention of PyTorch's `scaled_dot_product_attention` and of attnlib."
-    ),
-    starter="def causal(T):\n    ...  # your code here",
-    solution=(
-        "def causal(T):\n"
-        "    rows = np.arange(T)[:, None]  # query index i, as a column\n"
-        "    cols = np.arange(T)[None, :]  # key index j, as a row\n"
-        "    return cols <= rows  # (T, T) booleans, True where j <= i"
-    ),
-    answer_name="causal",
-    cases=_causal_cases,
-    expected=lambda case: causal_mask(*case.args),
-    diagnose=_causal_diagnose,
-    mistakes={
-        "upper_triangle": Mistake(lambda T: np.triu(np.ones((T, T), dtype=bool)), _HINT_FUTURE),
-        "off_by_one": Mistake(lambda T: np.tri(T, T, k=1, dtype=bool), _HINT_FUTURE),
-        "no_diagonal": Mistake(
-            lambda T: np.tri(T, T, k=-1, dtype=bool), "cannot see itself: keep the diagonal"
-        ),
-        "float": Mistake(lambda T: np.tri(T, T), "return a boolean array"),
-    },
-    explanation=(
-        "`np.tril(np.ones((T, T), dtype=bool))` and `np.tri(T, dtype=bool)` build the same lower triangle."
-    ),
-)
+# The lengths of the predict exercise (the chapter prints 1,000 and 32,000 tokens).
+SHORT, LONG = 2_000, 12_000
 
 
 def _growth(short, long):
@@ -180,29 +152,29 @@ quadratic_growth = ValueExercise(
     title="How fast the score matrix grows",
     kind="predict",
     task=(
-        "A model reads 1,000 tokens, then 32,000 tokens. By what factor does the number of entries "
+        f"A model reads {SHORT:,} tokens, then {LONG:,} tokens. By what factor does the number of entries "
         "of its score matrix grow? Set `answer` to the factor."
     ),
     starter="answer = ...  # a number",
     solution=(
-        "short, long = 1_000, 32_000\n"
+        f"short, long = {SHORT:_}, {LONG:_}\n"
         "answer = (long * long) / (short * short)  # the score matrix is T x T\n"
         'print(f"{short**2:,} -> {long**2:,} entries: x{answer:,.0f}")'
     ),
     answer_name="answer",
-    expected=lambda: _growth(1_000, 32_000),
+    expected=lambda: _growth(SHORT, LONG),
     rtol=1e-6,
     hint="the score matrix has one entry per (query, key) pair",
     mistakes={
         "linear": Mistake(
-            lambda: 32_000 / 1_000,
+            lambda: LONG / SHORT,
             "that is how much longer the sequence is: the matrix grows in both rows and columns",
         ),
     },
     explanation=(
-        "Thirty-two times the tokens gives $32^2$ times the entries. The work grows the same way, "
-        "which is why long contexts are expensive."
+        f"With {LONG // SHORT} times the tokens the matrix has ${LONG // SHORT}^2 = {LONG**2 // SHORT**2}$ "
+        "times the entries. The work grows the same way, which is why long contexts are expensive."
     ),
 )
 
-EXERCISES = (score_entry, score_matrix_exercise, causal_mask_exercise, quadratic_growth)
+EXERCISES = (score_entry, score_matrix_exercise, quadratic_growth)

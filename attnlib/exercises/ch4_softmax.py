@@ -1,9 +1,15 @@
-"""Chapter 4, Scale and softmax: a weight by hand, a softmax that cannot overflow, two bugs, a prediction."""
+"""Chapter 4, Scale and softmax: a weight by hand, a softmax that cannot overflow, two bugs,
+a prediction about the scale, and the causal mask.
+
+The chapter prints the softmax of the row [2, 4, 6] and every weight of "the cat
+sat", so the by-hand exercise uses a score row the chapter never prints.
+"""
 
 import numpy as np
 
 from ..attention import attention_weights
-from ..examples import PRIMER_SOFTMAX_D_K, PRIMER_SOFTMAX_SCORES, THE_CAT_SAT
+from ..examples import THE_CAT_SAT
+from ..masks import causal_mask
 from ..softmax import softmax
 from .core import (
     HINT_OVERFLOW,
@@ -13,50 +19,71 @@ from .core import (
     Mistake,
     ValueExercise,
     as_numeric_array,
+    attention_sizes,
     weights_hint,
 )
 
 HINT_GLOBAL_MAX = "subtract each row's own maximum (keepdims=True), not the maximum of the whole array"
 HINT_SQRT_T = "the weights change when T changes but not when d_k changes: you scaled by sqrt(T)"
 
+# The score row of the by-hand exercise, its d_k, and the key whose weight it asks for.
+HAND_SCORES = np.array([2.0, 8.0, 4.0, 0.0])
+HAND_D_K = 16
+HAND_KEY = 2
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
 
-def _primer_weight(scale):
-    return float(softmax(PRIMER_SOFTMAX_SCORES * scale)[-1])
 
+def _hand_weight(scale, exponentiate=True):
+    scaled = HAND_SCORES * scale
+    if not exponentiate:
+        return float(scaled[HAND_KEY] / scaled.sum())
+    return float(softmax(scaled)[HAND_KEY])
+
+
+_HAND_TEXT = "[" + ", ".join(f"{s:g}" for s in HAND_SCORES) + "]"
 
 softmax_weight = ValueExercise(
     id="ch4.softmax_weight",
     title="One softmax weight",
     kind="by hand",
     task=(
-        'The primer\'s softmax illustration (a made-up score row, not one from "the cat sat") has '
-        "scores $[2, 4, 6]$ for three keys and $d_k = 4$ (`attnlib.examples.PRIMER_SOFTMAX_SCORES`). "
-        "Scale the scores by $1/\\sqrt{d_k}$, take the softmax, and give the weight of the third key. "
-        "Two decimal places are enough."
+        f"A query has the scores ${_HAND_TEXT}$ against {len(HAND_SCORES)} keys, and $d_k = {HAND_D_K}$. "
+        "Scale the scores by $1/\\sqrt{d_k}$, take the softmax, and give the weight of the "
+        f"{_ORDINALS[HAND_KEY]} key. Two decimal places are enough."
     ),
     starter="answer = ...  # a number between 0 and 1",
     solution=(
-        "scores = attnlib.examples.PRIMER_SOFTMAX_SCORES\n"
-        "scaled = scores / np.sqrt(attnlib.examples.PRIMER_SOFTMAX_D_K)  # [1, 2, 3]\n"
+        f"scores = np.array({HAND_SCORES.tolist()})\n"
+        f"scaled = scores / np.sqrt({HAND_D_K})  # divide by sqrt(d_k)\n"
         "exps = np.exp(scaled)\n"
-        "answer = float(exps[-1] / exps.sum())  # e^3 / (e^1 + e^2 + e^3)\n"
+        f"answer = float(exps[{HAND_KEY}] / exps.sum())  # the {_ORDINALS[HAND_KEY]} key's share\n"
         'print(f"scaled scores {scaled}, weights {np.round(exps / exps.sum(), 3)}")'
     ),
     answer_name="answer",
-    expected=lambda: _primer_weight(1 / np.sqrt(PRIMER_SOFTMAX_D_K)),
+    expected=lambda: _hand_weight(1 / np.sqrt(HAND_D_K)),
     atol=5e-3,
     tolerance_text="to 2 decimal places",
-    hint="divide each score by sqrt(d_k), exponentiate, and divide the third exponential by the sum of all",
+    hint=(
+        f"divide each score by sqrt(d_k), exponentiate, and divide the {_ORDINALS[HAND_KEY]} "
+        "exponential by the sum of all"
+    ),
     mistakes={
         "unscaled": Mistake(
-            lambda: _primer_weight(1.0), "you skipped the scaling: divide the scores by sqrt(d_k) first"
+            lambda: _hand_weight(1.0), "you skipped the scaling: divide the scores by sqrt(d_k) first"
         ),
         "divided_by_d_k": Mistake(
-            lambda: _primer_weight(1 / PRIMER_SOFTMAX_D_K), "you divided by d_k: divide by its square root"
+            lambda: _hand_weight(1 / HAND_D_K), "you divided by d_k: divide by its square root"
+        ),
+        "no_exp": Mistake(
+            lambda: _hand_weight(1 / np.sqrt(HAND_D_K), exponentiate=False),
+            "you divided the scaled score by the sum of the scaled scores: "
+            "softmax exponentiates first, e^s_j / sum_i e^s_i",
         ),
     },
     explanation=(
-        "Without the scale the same row gives the third key a much larger share: scaling softens the softmax."
+        f"Without the scale the largest score, {HAND_SCORES.max():g}, would take "
+        f"{float(softmax(HAND_SCORES).max()):.0%} of the weight instead of "
+        f"{float(softmax(HAND_SCORES / np.sqrt(HAND_D_K)).max()):.0%}: scaling softens the softmax."
     ),
 )
 
@@ -66,7 +93,7 @@ def _softmax_cases():
     masked = rng.normal(size=(2, 3, 4))
     masked[..., 1:][rng.random(size=(2, 3, 3)) < 0.4] = -np.inf  # column 0 stays finite
     return [
-        Case("the primer's row [2, 4, 6], shape (3,)", (PRIMER_SOFTMAX_SCORES.copy(),)),
+        Case("the row [2, 4, 6], shape (3,)", (np.array([2.0, 4.0, 6.0]),)),
         Case("ordinary scores, shape (4, 6)", (rng.normal(size=(4, 6)),)),
         Case("large scores, up to a few thousand, shape (3, 5)", (1000 * rng.normal(size=(3, 5)),)),
         Case(
@@ -120,9 +147,11 @@ def _softmax_diagnose(case, given, answer):
     given = given.astype(np.float64)
     if not np.isfinite(given).all():
         return _nonfinite_hint(x, given, lambda: _global_max_softmax(x, axis))
-    if axis != -1 and np.allclose(given.sum(axis=-1), 1.0):
+    if axis == -1:
+        return None  # the general symptoms read weights along the last axis
+    if np.allclose(given.sum(axis=-1), 1.0):
         return f"you ignored the axis argument: this case asks for axis={axis}"
-    return weights_hint(given, axis) if given.ndim >= 2 else None
+    return weights_hint(given, axis)
 
 
 stable_softmax = FunctionExercise(
@@ -206,7 +235,7 @@ def _weights_diagnose(case, given, answer):
     given = given.astype(np.float64)
     if not np.isfinite(given).all():
         return _nonfinite_hint(scores, given, lambda: _global_max_softmax(scores))
-    return weights_hint(given)
+    return None  # finite but wrong: the listed mistakes, then the general symptoms
 
 
 fix_missing_max = FunctionExercise(
@@ -231,6 +260,7 @@ fix_missing_max = FunctionExercise(
     cases=lambda: _weights_cases(405),
     expected=_weights_expected,
     diagnose=_weights_diagnose,
+    sizes=attention_sizes,
     mistakes={
         "no_max": Mistake(lambda q, k: _naive_softmax(_scaled_scores(q, k)), HINT_OVERFLOW),
         "global_max": Mistake(lambda q, k: _global_max_softmax(_scaled_scores(q, k)), HINT_GLOBAL_MAX),
@@ -278,7 +308,7 @@ fix_sqrt_t = FunctionExercise(
     answer_name="my_attention_weights",
     cases=lambda: _weights_cases(406)[:3],
     expected=_weights_expected,
-    diagnose=lambda case, given, answer: weights_hint(given),
+    sizes=attention_sizes,
     mistakes={
         "sqrt_t": Mistake(_scaled_by(lambda q: 1 / np.sqrt(q.shape[-2])), HINT_SQRT_T),
         "unscaled": Mistake(
@@ -295,28 +325,32 @@ fix_sqrt_t = FunctionExercise(
 )
 
 
-def _mean_max_weight(d_k, rng):
+def _mean_max_weight(d_k, scale, rng):
     q = rng.normal(size=(32, 16, d_k))  # 32 sentences of 16 tokens, unit-variance entries
     k = rng.normal(size=(32, 16, d_k))
-    return float(attention_weights(q, k, scale=1.0).max(axis=-1).mean())  # unscaled
+    return float(attention_weights(q, k, scale=scale).max(axis=-1).mean())
 
 
-def _trend_without_scaling():
+def _trend_scaled_by_d_k():
+    """Run the experiment: the average largest weight of a row at d_k = 4 and 1024, scaled by 1/d_k."""
     rng = np.random.default_rng(407)
-    small, large = _mean_max_weight(4, rng), _mean_max_weight(1024, rng)
-    if large > small + 0.1:
+    small, large = _mean_max_weight(4, 1 / 4, rng), _mean_max_weight(1024, 1 / 1024, rng)
+    uniform = 1 / 16
+    if large > small + 0.05:
         return "b"
-    return "a" if large < small - 0.1 else "c"
+    if large < small - 0.05 and abs(large - uniform) < 0.1 * uniform:
+        return "a"
+    return "c"
 
 
-no_scaling = ChoiceExercise(
-    id="ch4.no_scaling",
-    title="Without the scale",
+scale_by_d_k = ChoiceExercise(
+    id="ch4.scale_by_d_k",
+    title="Dividing by d_k instead",
     kind="predict",
     task=(
-        "Suppose we leave out the $1/\\sqrt{d_k}$ and compute $\\mathrm{softmax}(QK^\\top)$ for random "
-        "queries and keys with unit-variance entries. As $d_k$ grows, what happens to each row of "
-        "weights?\n\n"
+        "Suppose we divide the scores by $d_k$ instead of $\\sqrt{d_k}$ and compute "
+        "$\\mathrm{softmax}(QK^\\top / d_k)$ for random queries and keys with unit-variance entries. "
+        "As $d_k$ grows, what happens to each row of weights?\n\n"
         "- **a**: the weights spread out evenly over the keys\n"
         "- **b**: the weights pile up on one key per query, close to one-hot\n"
         "- **c**: the weights do not change\n\n"
@@ -327,9 +361,10 @@ no_scaling = ChoiceExercise(
         "rng = np.random.default_rng(0)\n"
         "for d_k in (4, 64, 1024):\n"
         "    q, k = rng.normal(size=(2, 16, d_k))  # 16 tokens\n"
-        "    weights = attnlib.attention_weights(q, k, scale=1.0)  # no 1/sqrt(d_k)\n"
-        '    print(f"d_k={d_k:>4}: average largest weight per row {weights.max(axis=-1).mean():.2f}")\n'
-        'answer = "b"'
+        "    weights = attnlib.attention_weights(q, k, scale=1 / d_k)  # 1/d_k, not 1/sqrt(d_k)\n"
+        '    print(f"d_k={d_k:>4}: average largest weight per row {weights.max(axis=-1).mean():.3f}")\n'
+        'print(f"uniform weights over 16 keys: {1 / 16:.3f}")\n'
+        'answer = "a"'
     ),
     answer_name="answer",
     options={
@@ -337,22 +372,85 @@ no_scaling = ChoiceExercise(
         "b": "the weights pile up on one key per query",
         "c": "the weights do not change",
     },
-    expected=_trend_without_scaling,
-    hint="a dot product of d_k unit-variance terms has variance d_k: what does softmax do with large scores?",
+    expected=_trend_scaled_by_d_k,
+    hint="the spread of q·k grows like sqrt(d_k): how large is it after dividing by d_k?",
     mistakes={
-        "even": Mistake(
-            lambda: "a",
-            "larger scores make softmax sharper, not flatter: the gaps between scores grow with sqrt(d_k)",
+        "one_hot": Mistake(
+            lambda: "b",
+            "dividing by d_k shrinks the scores more than dividing by sqrt(d_k) does: their spread "
+            "becomes sqrt(d_k) / d_k = 1/sqrt(d_k), which falls as d_k grows",
         ),
         "unchanged": Mistake(
-            lambda: "c", "the scores' spread grows with d_k, and softmax reacts to the spread"
+            lambda: "c",
+            "only 1/sqrt(d_k) keeps the spread of the scores near 1 for every d_k; 1/d_k overcorrects",
         ),
     },
     explanation=(
-        "The spread of an unscaled score grows like $\\sqrt{d_k}$, and a softmax of widely spread "
-        "scores is nearly one-hot, which also leaves almost no gradient for the other keys. "
-        "Dividing by $\\sqrt{d_k}$ brings the spread back to about 1."
+        "The spread of $q \\cdot k$ grows like $\\sqrt{d_k}$, so after dividing by $d_k$ it is "
+        "$1/\\sqrt{d_k}$. For wide heads every score is then close to 0 and the softmax close to uniform: "
+        "the layer can hardly prefer one key to another. Only $1/\\sqrt{d_k}$ keeps the spread "
+        "near 1 whatever the width."
     ),
 )
 
-EXERCISES = (softmax_weight, stable_softmax, fix_missing_max, fix_sqrt_t, no_scaling)
+_HINT_FUTURE = "your mask lets tokens see the future"
+
+
+def _causal_cases():
+    return [Case(f"T={T}", (T,)) for T in (3, 6, 2, 1)]
+
+
+def _causal_diagnose(case, given, answer):
+    (T,) = case.args
+    mask = np.asarray(given)
+    if mask.shape != (T, T) or mask.dtype != np.bool_:
+        return None
+    future = np.argwhere(np.triu(mask, k=1))
+    if future.size:
+        i, j = future[0]
+        if not np.tril(mask).any():
+            return (
+                f"token {i} can see token {j} but not itself: {_HINT_FUTURE}; "
+                "True must mean 'may attend' (j <= i)"
+            )
+        return f"token {i} can see token {j}: {_HINT_FUTURE}"
+    missing = np.flatnonzero(~np.diag(mask))
+    if missing.size:
+        return f"token {missing[0]} cannot see itself: keep the diagonal, query i may attend to keys j <= i"
+    return None
+
+
+causal_mask_exercise = FunctionExercise(
+    id="ch4.causal_mask",
+    title="The causal mask",
+    kind="implement",
+    task=(
+        "Write `causal(T)` that returns the causal mask of a decoder: a boolean array of shape `(T, T)` "
+        "that is `True` where query `i` may attend to key `j`, that is where $j \\le i$. This is the "
+        "convention of PyTorch's `scaled_dot_product_attention` and of attnlib."
+    ),
+    starter="def causal(T):\n    ...  # your code here",
+    solution=(
+        "def causal(T):\n"
+        "    rows = np.arange(T)[:, None]  # query index i, as a column\n"
+        "    cols = np.arange(T)[None, :]  # key index j, as a row\n"
+        "    return cols <= rows  # (T, T) booleans, True where j <= i"
+    ),
+    answer_name="causal",
+    cases=_causal_cases,
+    expected=lambda case: causal_mask(*case.args),
+    diagnose=_causal_diagnose,
+    mistakes={
+        "upper_triangle": Mistake(lambda T: np.triu(np.ones((T, T), dtype=bool)), _HINT_FUTURE),
+        "off_by_one": Mistake(lambda T: np.tri(T, T, k=1, dtype=bool), _HINT_FUTURE),
+        "no_diagonal": Mistake(
+            lambda T: np.tri(T, T, k=-1, dtype=bool), "cannot see itself: keep the diagonal"
+        ),
+        "float": Mistake(lambda T: np.tri(T, T), "return a boolean array"),
+    },
+    explanation=(
+        "`np.tril(np.ones((T, T), dtype=bool))` and `np.tri(T, dtype=bool)` build the same lower triangle."
+    ),
+)
+
+EXERCISES = (softmax_weight, stable_softmax, fix_missing_max, fix_sqrt_t, scale_by_d_k, causal_mask_exercise)

@@ -1,9 +1,15 @@
-"""Chapter 5, The weighted sum of V: one output entry, the first token under a causal mask, a wrong axis."""
+"""Chapter 5, The weighted sum of V: one output entry, the first token under a causal mask, a wrong axis.
+
+Chapters 2, 4 and 5 print every weight and every output of "the cat sat" without
+a mask, so the by-hand exercise asks for an output under the causal mask of
+chapter 4, which no chapter prints.
+"""
 
 import numpy as np
 
 from ..attention import attention_weights
 from ..examples import THE_CAT_SAT
+from ..scores import score_matrix
 from ..softmax import softmax
 from .core import (
     HINT_COLUMNS,
@@ -13,52 +19,92 @@ from .core import (
     Mistake,
     ValueExercise,
     attention_output,
+    attention_sizes,
 )
 
 _CAT = THE_CAT_SAT.index("cat")
+_ENTRY = THE_CAT_SAT.v.shape[1] - 1  # the last entry of an output row
 
 
-def _output_entry(weights):
-    return float((weights @ THE_CAT_SAT.v)[_CAT, 0])
+def _row_text(row, digits):
+    return "[" + ", ".join(f"{x:.{digits}g}" for x in row) + "]"
 
+
+def _entry_of_cat(weights, values=None):
+    values = THE_CAT_SAT.v[:, _ENTRY] if values is None else values
+    return float(weights[_CAT] @ values)  # sum_j alpha_cat,j * v_j[entry]
+
+
+def _causal_weights(scale=None):
+    return attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k, causal=True, scale=scale)
+
+
+def _kept_but_not_renormalised():
+    weights = attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)  # no mask
+    return _entry_of_cat(np.tril(weights))  # the future weight dropped, the others left as they were
+
+
+_SCALED_CAT = score_matrix(THE_CAT_SAT.q, THE_CAT_SAT.k)[_CAT] / np.sqrt(THE_CAT_SAT.d_k)
 
 output_entry = ValueExercise(
     id="ch5.output_entry",
-    title="One entry of the output",
+    title="One entry of a causal output",
     kind="by hand",
     task=(
-        'The output of "cat" is its weights times the value rows: $z_{cat} = \\sum_j \\alpha_{cat,j} v_j$. '
-        'Using the attention weights of "the cat sat" (scaled, no mask) and its value rows, compute '
-        "the first entry of $z_{cat}$. Three decimal places are enough."
+        'The output of "cat" is its weights times the value rows, $z_{cat} = \\sum_j \\alpha_{cat,j} v_j$. '
+        'Under the causal mask of chapter 4, "cat" may attend only to "the" and to itself. The scaled '
+        f'scores of "cat" are ${_row_text(_SCALED_CAT, 3)}$ (for "the", "cat", "sat"), and the last '
+        f"entries of the three value rows are ${_row_text(THE_CAT_SAT.v[:, _ENTRY], 3)}$. Compute the "
+        f"last entry, $z_{{cat}}[{_ENTRY}]$, of the causal output of \"cat\". Three decimal places "
+        "are enough."
     ),
     starter="answer = ...  # a number",
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
-        'alpha_cat = attnlib.attention_weights(ex.q, ex.k)[ex.index("cat")]  # (T,) weights of "cat"\n'
-        "first_values = ex.v[:, 0]  # (T,) entry 0 of every value row\n"
-        "answer = float(alpha_cat @ first_values)  # sum_j alpha_cat,j * v_j[0]\n"
-        'print(" + ".join(f"{a:.4f}*{v:.1f}" for a, v in zip(alpha_cat, first_values)), f"= {answer:.4f}")'
+        'cat = ex.index("cat")\n'
+        "scaled = ex.q[cat] @ ex.k.T / np.sqrt(ex.d_k)  # (T,) scaled scores of \"cat\"\n"
+        "scaled[cat + 1 :] = -np.inf  # the causal mask: no key after \"cat\"\n"
+        "alpha_cat = np.exp(scaled - scaled.max())\n"
+        "alpha_cat = alpha_cat / alpha_cat.sum()  # renormalised over the keys that remain\n"
+        f"answer = float(alpha_cat @ ex.v[:, {_ENTRY}])  # sum_j alpha_cat,j * v_j[{_ENTRY}]\n"
+        'print("weights of cat:", np.round(alpha_cat, 4), f" entry: {answer:.4f}")'
     ),
     answer_name="answer",
-    expected=lambda: _output_entry(attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)),
+    expected=lambda: _entry_of_cat(_causal_weights()),
     atol=5e-4,
     tolerance_text="to 3 decimal places",
-    hint='multiply each weight of row "cat" by entry 0 of the matching value row, and add',
+    hint=(
+        'take the softmax of the scores "cat" may see, the first two, then multiply each weight by '
+        "the matching value entry and add"
+    ),
     mistakes={
+        "no_mask": Mistake(
+            lambda: _entry_of_cat(attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)),
+            'that is the output without the mask: "cat" may not attend to "sat"',
+        ),
+        "not_renormalised": Mistake(
+            _kept_but_not_renormalised,
+            'you gave "sat" weight 0 but kept the other two weights as they were: the softmax runs '
+            "over the keys that remain, so the two weights of \"cat\" must sum to 1",
+        ),
         "unscaled": Mistake(
-            lambda: _output_entry(attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k, scale=1.0)),
+            lambda: _entry_of_cat(_causal_weights(scale=1.0)),
             "those are the weights without the 1/sqrt(d_k) scale",
         ),
         "column_weights": Mistake(
-            lambda: float(attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)[:, _CAT] @ THE_CAT_SAT.v[:, 0]),
+            lambda: float(_causal_weights()[:, _CAT] @ THE_CAT_SAT.v[:, _ENTRY]),
             'you used column "cat" of the weights: the weights of "cat" are its row',
         ),
         "row_of_values": Mistake(
-            lambda: float(attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)[_CAT] @ THE_CAT_SAT.v[0, :3]),
-            "you used entries of one value row: take entry 0 of each value row",
+            lambda: _entry_of_cat(_causal_weights(), THE_CAT_SAT.v[_CAT, : len(THE_CAT_SAT.tokens)]),
+            f"you used entries of one value row: take entry {_ENTRY} of each value row",
         ),
     },
-    explanation="Each entry of the output is a weighted average of the same entry across the value rows.",
+    explanation=(
+        "Masking removes a key and the softmax shares all the weight among the keys that remain, "
+        "so the output of a token under a causal mask is a weighted average of its own value "
+        "and those before it."
+    ),
 )
 
 
@@ -167,6 +213,7 @@ fix_wrong_axis = FunctionExercise(
     answer_name="my_attention",
     cases=_attention_cases,
     expected=lambda case: attention_output(*case.args),
+    sizes=attention_sizes,
     mistakes={
         "columns": Mistake(_attention_with_axes(-2, -2), HINT_COLUMNS),
         "half_fixed": Mistake(

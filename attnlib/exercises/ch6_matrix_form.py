@@ -5,7 +5,15 @@ import numpy as np
 from ..examples import THE_CAT_SAT
 from ..masks import causal_mask, to_additive, to_ignore_mask
 from ..multi_head import merge_heads, split_heads
-from .core import Case, FunctionExercise, Mistake, as_numeric_array, attention_output, call_safely
+from .core import (
+    Case,
+    FunctionExercise,
+    Mistake,
+    as_numeric_array,
+    attention_output,
+    attention_sizes,
+    call_safely,
+)
 
 HINT_FUTURE = "your mask lets tokens see the future"
 
@@ -168,6 +176,11 @@ additive_mask = FunctionExercise(
             "0 * -inf is NaN, not 0: build the mask with np.where(mask, 0.0, -np.inf)",
         ),
         "finite": Mistake(lambda mask: np.where(mask, 0.0, -1e9), "use -inf as the task asks"),
+        "ones_and_zeros": Mistake(
+            lambda mask: mask.astype(np.float64),
+            "the float mask is added to the scores, not multiplied: adding 0.0 keeps a score, "
+            "adding -inf removes it, so True becomes 0.0 and False becomes -inf",
+        ),
     },
     explanation=(
         "Adding $-\\infty$ to a score makes its exponential exactly 0, so the softmax hands that key "
@@ -306,6 +319,7 @@ fix_causal_future = FunctionExercise(
     cases=_causal_cases,
     expected=lambda case: attention_output(*case.args, causal=True),
     diagnose=_causal_diagnose,
+    sizes=attention_sizes,
     mistakes={
         "one_ahead": Mistake(_causal_with_keep(lambda T: np.tri(T, T, k=1, dtype=bool)), HINT_FUTURE),
         "upper_triangle": Mistake(

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import Exercise, Failure, Mistake, ValueExercise, call_safely, describe_error, fmt_number
+from .core import (
+    Exercise,
+    Failure,
+    Mistake,
+    ValueExercise,
+    call_safely,
+    describe_error,
+    describe_value,
+    fmt_number,
+)
 
 # The configurations the by-hand exercises ask about.
 FLOPS_CONFIG = {"B": 8, "H": 16, "T": 4096, "d": 64}
@@ -207,21 +216,18 @@ class TimerExercise(Exercise):
             )
         if isinstance(value, (list, tuple, np.ndarray)):
             return Failure(
-                ("expected: one number, the median time in seconds", f"given:    a {type(value).__name__}"),
+                ("expected: one number, the median time in seconds", f"given:    {describe_value(value)}"),
                 "return the median of the times (statistics.median), not the list of times",
             )
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float, np.integer, np.floating))
-            or not math.isfinite(value)
-        ):
+        seconds = _as_seconds(value)
+        if seconds is None:
             given = (
-                f"a {type(value).__name__}"
-                if not isinstance(value, (int, float, np.number))
+                describe_value(value)
+                if isinstance(value, bool) or not isinstance(value, (int, float, np.number))
                 else fmt_number(value)
             )
             return Failure(("expected: one finite number of seconds", f"given:    {given}"))
-        value = float(value)
+        value = seconds
         if value < _FAST / 2:
             return Failure(
                 (
@@ -246,6 +252,17 @@ class TimerExercise(Exercise):
                 "the repeats, not their mean or total",
             )
         return None
+
+
+def _as_seconds(value):
+    """A returned time as a finite float, or None (a bool, a string, NaN, inf, 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 _WARMUP_SYNC_HINT = (
@@ -347,42 +364,60 @@ median_timer = TimerExercise(
 )
 
 
-def _log_log_slope():
-    lengths = np.array([1024, 2048, 4096, 8192, 16384])
-    flops = [forward_flops(1, 8, int(T), 64) for T in lengths]
+# The predict exercise: a training run that keeps the tokens per batch fixed.
+TOKENS_PER_BATCH = 65_536
+SLOPE_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+
+
+def _log_log_slope(tokens_per_batch=TOKENS_PER_BATCH):
+    """The slope of log(FLOPs) against log(T) with B = tokens_per_batch / T (B = 1 when None)."""
+    lengths = np.array(SLOPE_LENGTHS)
+    batches = [1 if tokens_per_batch is None else tokens_per_batch // int(T) for T in lengths]
+    flops = [forward_flops(B, 8, int(T), 64) for B, T in zip(batches, lengths)]
     return float(np.polyfit(np.log(lengths), np.log(flops), 1)[0])
 
 
+_TOKENS_TEXT = f"{TOKENS_PER_BATCH:,}".replace(",", "{,}")  # a thousands comma in LaTeX
+
 time_vs_t_slope = ValueExercise(
     id="ch8.time_vs_t_slope",
-    title="The slope of time against T",
+    title="The slope of time against T, at a fixed number of tokens",
     kind="predict",
     task=(
-        "For long sequences, attention's forward time is dominated by its FLOPs. On a log-log plot of "
-        "forward time against $T$ (with $B$, $H$ and $d$ fixed), what slope do you expect? Set `answer` "
-        "to the slope."
+        "A training run keeps the number of tokens per batch fixed, "
+        f"$B \\cdot T = {_TOKENS_TEXT}$: doubling the sequence length $T$ halves the batch $B$. "
+        "For long sequences, attention's forward time is dominated by its FLOPs. On a log-log plot "
+        "of the forward time of one batch against $T$ (with $H$ and $d$ fixed), what slope do you "
+        "expect? Set `answer` to the slope."
     ),
     starter="answer = ...  # a number",
     solution=(
-        "T = np.array([1024, 2048, 4096, 8192])\n"
-        "flops = 4 * 1 * 8 * T.astype(float)**2 * 64  # B=1, H=8, d=64\n"
+        f"T = np.array({list(SLOPE_LENGTHS)})\n"
+        f"B = {TOKENS_PER_BATCH:_} // T  # fewer sequences per batch as they get longer\n"
+        "flops = 4 * B * 8 * T.astype(float)**2 * 64  # H=8, d=64\n"
         "slope = np.polyfit(np.log(T), np.log(flops), 1)[0]  # the exponent of T\n"
         'print(f"slope {slope:.2f}")\n'
-        "answer = 2"
+        "answer = 1"
     ),
     answer_name="answer",
     expected=_log_log_slope,
-    atol=0.25,
-    tolerance_text="within 0.25",
-    hint="doubling T doubles the queries and doubles the keys each query meets",
+    atol=0.02,
+    tolerance_text="within 0.02",
+    hint="write the FLOPs 4 B H T^2 d with B = (tokens per batch) / T, and read off the power of T",
     mistakes={
-        "linear": Mistake(
-            lambda: _log_log_slope() / 2, "doubling T doubles the rows and the columns of the score matrix"
+        "batch_fixed": Mistake(
+            lambda: _log_log_slope(tokens_per_batch=None),
+            "that is the slope for a fixed batch: here B = (tokens per batch) / T shrinks as T grows",
+        ),
+        "no_growth": Mistake(
+            lambda: _log_log_slope() - 1,
+            "the number of tokens is fixed, but each query is scored against T keys, and T grows",
         ),
     },
     explanation=(
-        "Time grows like $T^2$, so its log-log plot has slope 2. At short sequences the curve "
-        "flattens: there the fixed cost of launching kernels dominates, not the FLOPs."
+        "The FLOPs are $4 B H T^2 d$ with $B \\propto 1/T$, so they grow like $T$: slope 1. "
+        "At a fixed token budget, longer sequences cost more attention work per token, because "
+        "each query meets more keys."
     ),
 )
 

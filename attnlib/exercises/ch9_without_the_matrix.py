@@ -25,9 +25,11 @@ from .core import (
     ValueExercise,
     as_numeric_array,
     attention_output,
+    attention_sizes,
     call_safely,
     compare_arrays,
     describe_error,
+    describe_value,
 )
 
 # The score row of the by-hand exercise, and how many keys each block holds.
@@ -126,10 +128,19 @@ running_sum = ValueExercise(
     atol=5e-4,
     tolerance_text="to 3 decimal places",
     hint=(
-        "after the first block l is the sum of exp(s - m) over its scores; when the second block raises "
-        "the maximum, multiply that l by alpha before adding the second block's terms"
+        "apply the update to each block in turn: m_new = max(m, the block's maximum), "
+        "alpha = exp(m - m_new), then l = alpha * l + the block's sum of exp(s - m_new); "
+        "write down m, alpha and l after each block"
     ),
     mistakes={
+        "reciprocal": Mistake(
+            lambda: 1.0 / _running_sum(),
+            "that is 1/l, the largest softmax weight of the row: the question asks for l itself",
+        ),
+        "normalised": Mistake(
+            lambda: 1.0,
+            "1 is the sum of the softmax weights, l / l: the question asks for l, the sum of exp(s - m)",
+        ),
         "not_rescaled": Mistake(
             lambda: _running_sum(rescale=lambda m_old, m_new: 1.0),
             "you added the second block without rescaling: multiply the first block's l by "
@@ -293,19 +304,19 @@ def _describe_return(value, n_q, d_v):
         return "given:    None", "every path through your function must end with return m_new, l_new, acc_new"
     if not isinstance(value, (tuple, list)):
         return (
-            f"given:    a {type(value).__name__}",
+            f"given:    {describe_value(value)}",
             "return all three running quantities: return m_new, l_new, acc_new",
         )
     if len(value) != 3:
         return (
-            f"given:    a {type(value).__name__} of {len(value)} items",
+            f"given:    {describe_value(value)} of {len(value)} items",
             "return all three running quantities: return m_new, l_new, acc_new",
         )
     for (name, shape), part in zip(_state_shapes(n_q, d_v).items(), value, strict=True):
         array = as_numeric_array(part)
         if array is None:
             return (
-                f"given:    {name} is a {type(part).__name__}",
+                f"given:    {name} is {describe_value(part)}",
                 f"{name} must be a NumPy array of shape {shape}",
             )
         if array.shape != shape:
@@ -565,6 +576,7 @@ fix_acc_rescale = FunctionExercise(
     answer_name="online_attention",
     cases=_online_attention_cases,
     expected=lambda case: attention_output(*case.args[:3]),
+    sizes=attention_sizes,
     mistakes={
         "acc_not_rescaled": Mistake(_online_attention_with(lambda alpha, acc: acc), HINT_ACC_NOT_RESCALED),
         "alpha_not_broadcast": Mistake(

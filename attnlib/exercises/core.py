@@ -17,13 +17,27 @@ typed in. Each exercise also lists its typical wrong answers as
 feedback gives that mistake's hint. The tests use the same list to prove
 every hint fires.
 
-A check never raises because of the answer: a stub, an exception, a wrong
-type, shape or dtype, or NaN in the output all become a :class:`Result` whose
-``message`` says what to fix.
+When a wrong array matches none of the listed mistakes, the check looks for
+general symptoms before it falls back to "expected ... given ...": the
+transpose of the expected answer, a constant factor (2, sqrt(d_k), T, ...),
+and, for attention weights, a missing softmax, a softmax over the wrong axis,
+weights outside [0, 1] or rows that do not sum to 1 (see :func:`general_hint`).
+An answer that returns an attention output, weights @ v, is probed with the
+identity matrix in place of v, which makes it return the weights it uses.
+Each symptom is only claimed when the expected answer does not show it.
+
+A check never raises because of the answer: a stub, an exception (``sys.exit()``
+included), a wrong type, shape or dtype, a huge integer, or NaN in the output all
+become a :class:`Result` whose ``message`` says what to fix. Every subclass's
+``check`` is wrapped so that this holds for exercises defined elsewhere too; only
+``KeyboardInterrupt`` goes through.
 """
 
 import copy
+import decimal
+import functools
 import math
+import numbers
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +56,37 @@ SETUP_CODE = "import numpy as np\n\nimport attnlib\nimport attnlib.exercises"
 HINT_ROWS = "your rows do not sum to 1: check the axis of your softmax"
 HINT_COLUMNS = "columns sum to 1 instead of rows: take the softmax over the keys, axis=-1"
 HINT_OVERFLOW = "your output overflowed to inf/nan for large scores: subtract the row maximum before exp"
+
+# General symptoms, tried when no listed mistake matches (see general_hint).
+HINT_TRANSPOSED = (
+    "your answer is the transpose of the expected one: rows and columns are swapped "
+    "(check the order of a matrix product, or a stray .T)"
+)
+HINT_WEIGHTS_TRANSPOSED = (
+    "your weights are the transpose of the right ones: row i must hold query i's weights over the "
+    "keys (check the order of q and k in the score product)"
+)
+HINT_ALL_ZEROS = (
+    "every entry of your answer is 0: return the array you computed, not the one you started from"
+)
+HINT_SOFTMAX_MISSING = (
+    "your weights are the scores themselves: the softmax is missing "
+    "(exponentiate, then divide each row by its sum over the keys)"
+)
+HINT_NOT_NORMALISED = (
+    "your weights are proportional to the right ones but do not sum to 1: "
+    "divide each row by its sum over the keys"
+)
+HINT_WEIGHTS_RIGHT = (
+    "called with v = the identity matrix, your function returns the right weights: "
+    "the mistake is in how it combines them with v (output = weights @ v)"
+)
+PROBE_INTRO = "called with v = the identity matrix, your function returns the weights it mixes v with"
+HINT_WRONG_AXIS = (
+    "your weights' columns sum to 1 instead of the rows: the softmax runs over the wrong axis; "
+    "take both the maximum and the sum over the keys, axis=-1"
+)
+HINT_SYSTEM_EXIT = "your code called sys.exit() (or exit()): return the result instead"
 
 _MAX_ERROR_CHARS = 300
 
@@ -124,13 +169,19 @@ class Failure:
 
 
 def call_safely(fn, args=(), kwargs=None):
-    """Call the answer with warnings silenced; what it returns or raises comes back as an outcome."""
+    """Call the answer with warnings silenced; what it returns or raises comes back as an outcome.
+
+    Anything the answer raises, ``SystemExit`` included, becomes the outcome's
+    ``error``; only ``KeyboardInterrupt`` (the reader stopping a slow cell) goes through.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with np.errstate(all="ignore"):
             try:
                 return Outcome(value=fn(*args, **(kwargs or {})))
-            except Exception as exc:  # noqa: BLE001 - the answer's own error becomes feedback
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the answer's own error becomes feedback
                 return Outcome(error=exc)
 
 
@@ -152,17 +203,36 @@ def attention_output(q, k, v, causal=False):
     return attention_weights(q, k, causal=causal) @ v  # (..., T_q, T_k) @ (..., T_k, d_v)
 
 
+def _safe_str(value):
+    """``str(value)``, or a stand-in when the object's own ``__str__`` fails."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a broken __str__ in the answer's own class
+        return f"<unprintable {type(value).__name__}>"
+
+
 def describe_error(exc):
     """``"ValueError: operands could not be broadcast ..."``, shortened, with no traceback."""
-    text = f"{type(exc).__name__}: {exc}"
+    detail = _safe_str(exc)
+    if isinstance(exc, SystemExit):
+        text = f"SystemExit: your code called sys.exit({detail})"
+    else:
+        text = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
 
 
 def fmt_number(x):
-    """A number as feedback shows it: 6 significant digits, ``inf``, ``nan``, ``True``."""
+    """A number as feedback shows it: 6 significant digits, ``inf``, ``nan``, ``True``.
+
+    An integer too large for a float is described by its number of digits.
+    """
     if isinstance(x, (bool, np.bool_)):
         return str(bool(x))
-    x = float(x)
+    try:
+        x = float(x)
+    except OverflowError:
+        sign = "-" if x < 0 else ""
+        return f"{sign}an integer of {len(str(abs(int(x))))} digits"
     if math.isnan(x) or math.isinf(x):
         return str(x)
     return f"{x:.6g}"
@@ -172,19 +242,30 @@ def _fmt_index(index):
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
 
-def _type_name(value):
-    return "a function" if callable(value) else f"a {type(value).__name__}"
+def describe_value(value):
+    """``"a function"``, ``"an int"``, ``"the string 'abc'"``: what a wrong answer is, in words."""
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {text!r}"
+    if isinstance(value, types.GeneratorType):
+        return "a generator (use return, not yield)"
+    if isinstance(value, np.ndarray):
+        return f"an array of dtype {value.dtype}"
+    if callable(value):
+        return "a function"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def as_numeric_array(value):
     """``value`` as a NumPy array of bools, ints or floats, or None if it is not one."""
-    if is_tensor(value):
-        value = value.detach().cpu().numpy()
-    if not isinstance(value, (np.ndarray, np.generic, int, float, list, tuple)):
-        return None
     try:
+        if is_tensor(value):
+            value = value.detach().cpu().numpy()
+        if not isinstance(value, (np.ndarray, np.generic, int, float, list, tuple)):
+            return None
         array = np.asarray(value)
-    except (ValueError, TypeError):  # ragged lists
+    except Exception:  # noqa: BLE001 - ragged lists, tensors NumPy cannot hold, a broken __array__
         return None
     return array if array.dtype.kind in "biuf" else None
 
@@ -199,7 +280,7 @@ def compare_arrays(expected, given, *, rtol, atol):
     array = as_numeric_array(given)
     if array is None:
         return Failure(
-            (f"expected: a NumPy array of shape {expected.shape}", f"given:    {_type_name(given)}")
+            (f"expected: a NumPy array of shape {expected.shape}", f"given:    {describe_value(given)}")
         )
     if expected.dtype == np.bool_ and array.dtype != np.bool_:
         return Failure(
@@ -236,6 +317,221 @@ def compare_arrays(expected, given, *, rtol, atol):
     )
 
 
+def _is_weights(array):
+    """True when ``array`` holds attention weights: entries in [0, 1], each row summing to 1."""
+    return (
+        array.dtype.kind == "f"
+        and array.ndim >= 1
+        and array.shape[-1] >= 2
+        and array.size > 0
+        and bool(np.isfinite(array).all())
+        and bool((array >= -1e-12).all() and (array <= 1 + 1e-12).all())
+        and bool(np.allclose(array.sum(axis=-1), 1.0, rtol=0, atol=1e-9))
+    )
+
+
+def _rows_sum_to_one(array, axis):
+    return bool(np.allclose(array.sum(axis=axis), 1.0, rtol=1e-6, atol=1e-6))
+
+
+def weights_symptom(expected, given, *, sizes=None):
+    """A hint for wrong attention weights ``given``, or None.
+
+    ``expected`` must hold valid weights (rows along the last axis summing to 1,
+    entries in [0, 1]): a symptom is only claimed when the right answer does not
+    show it. Tried in order: the transpose, the scores without a softmax, rows
+    left unnormalised, weights outside [0, 1], columns summing to 1 instead of
+    rows (a softmax over the wrong axis), rows that do not sum to 1, and a
+    softmax of scores off by a constant factor (named from ``sizes`` as for
+    :func:`general_hint`).
+    """
+    expected = np.asarray(expected, dtype=np.float64)
+    given = as_numeric_array(given)
+    if given is None or given.shape != expected.shape or not _is_weights(expected):
+        return None
+    given = given.astype(np.float64)
+    if not np.isfinite(given).all() or np.allclose(given, expected, rtol=1e-6, atol=1e-9):
+        return None
+    if _is_transpose(expected, given):
+        return HINT_WEIGHTS_TRANSPOSED
+    with np.errstate(all="ignore"):
+        shifted = np.exp(given - given.max(axis=-1, keepdims=True))
+        softmax_of_given = shifted / shifted.sum(axis=-1, keepdims=True)
+        normalised = given / given.sum(axis=-1, keepdims=True)
+    if np.allclose(softmax_of_given, expected, rtol=1e-6, atol=1e-9):
+        return HINT_SOFTMAX_MISSING
+    if (given >= 0).all() and np.allclose(normalised, expected, rtol=1e-6, atol=1e-9):
+        return HINT_NOT_NORMALISED
+    outside = np.argwhere((given < -1e-9) | (given > 1 + 1e-9))
+    if outside.size:
+        index = tuple(outside[0])
+        return (
+            f"some of your weights lie outside [0, 1] ({fmt_number(given[index])} at index "
+            f"{_fmt_index(index)}): weights come out of a softmax, which only gives numbers "
+            "between 0 and 1; is the softmax missing?"
+        )
+    if not _rows_sum_to_one(given, -1):
+        if given.ndim >= 2 and _rows_sum_to_one(given, -2):
+            return HINT_WRONG_AXIS
+        sums = given.sum(axis=-1)
+        index = tuple(np.argwhere(~np.isclose(sums, 1.0, rtol=1e-6, atol=1e-6))[0])
+        where = f"row {_fmt_index(index)} sums" if index else "they sum"
+        return (
+            f"your weights do not sum to 1 ({where} to {fmt_number(sums[index])}): the weights "
+            "of each query over the keys must sum to 1; check the axis and the denominator of "
+            "your softmax"
+        )
+    factor = _score_factor(expected, given)
+    if factor is not None:
+        names = _factor_names(factor, sizes)
+        named = f", that is {' or '.join(names)}" if names else ""
+        return (
+            f"your weights are a softmax of scores {fmt_number(factor)} times the right ones{named}: "
+            "the scale of your scores is off (a scale such as 1/sqrt(d_k) missing, applied twice, "
+            "or the wrong one)"
+        )
+    return None
+
+
+def _score_factor(expected, given):
+    """``c`` when ``given`` is the softmax of ``c`` times the scores behind ``expected`` (c != 1), else None.
+
+    Both must be valid weights with every entry positive (so the scores can be read
+    back as logarithms, up to a constant per row) and not all uniform.
+    """
+    if not (_is_weights(given) and (expected > 0).all() and (given > 0).all()):
+        return None
+    log_expected, log_given = np.log(expected), np.log(given)
+    x = log_expected - log_expected.mean(axis=-1, keepdims=True)  # the scores, up to a row constant
+    y = log_given - log_given.mean(axis=-1, keepdims=True)
+    spread = float(np.sum(x * x))
+    if spread < 1e-12:
+        return None
+    factor = float(np.sum(x * y) / spread)
+    if not np.allclose(y, factor * x, rtol=1e-6, atol=1e-9) or math.isclose(factor, 1.0, rel_tol=1e-6):
+        return None
+    return factor
+
+
+def _is_transpose(expected, given):
+    """True when ``given`` is ``expected`` with its last two axes swapped, and that differs."""
+    if expected.ndim < 2:
+        return False
+    swapped = np.swapaxes(expected, -2, -1)
+    if given.shape != swapped.shape:
+        return False
+    if expected.dtype == np.bool_ or given.dtype == np.bool_:
+        same = np.array_equal(given.astype(bool), swapped) and given.dtype == expected.dtype
+        return bool(same and not (swapped.shape == expected.shape and np.array_equal(swapped, expected)))
+    given = given.astype(np.float64)
+    if not np.allclose(given, swapped, rtol=1e-6, atol=1e-9):
+        return False
+    return not (swapped.shape == expected.shape and np.allclose(swapped, expected, rtol=1e-6, atol=1e-9))
+
+
+def _factor_names(factor, sizes):
+    """How ``factor`` reads in terms of ``sizes``: ``["1/sqrt(d_k) (d_k = 4)"]``; possibly empty."""
+    candidates = []
+    for name, size in (sizes or {}).items():
+        if size in (0, 1):
+            continue
+        root = math.sqrt(size)
+        candidates += [
+            (size, f"{name} ({name} = {size})"),
+            (1 / size, f"1/{name} ({name} = {size})"),
+            (root, f"sqrt({name}) ({name} = {size})"),
+            (1 / root, f"1/sqrt({name}) ({name} = {size})"),
+        ]
+    candidates.append((-1.0, "the opposite sign"))
+    return [text for value, text in candidates if math.isclose(factor, value, rel_tol=1e-6)]
+
+
+def constant_factor(expected, given, *, rtol=1e-6):
+    """The number ``c`` with ``given == c * expected`` at every entry (c != 1), or None.
+
+    Needs at least two non-zero entries in ``expected``, finite values, and
+    zeros in ``given`` wherever ``expected`` is zero.
+    """
+    expected = np.asarray(expected, dtype=np.float64)
+    given = as_numeric_array(given)
+    if given is None or given.shape != expected.shape or given.dtype == np.bool_:
+        return None
+    given = given.astype(np.float64)
+    if not (np.isfinite(expected).all() and np.isfinite(given).all()):
+        return None
+    scale = np.abs(expected).max() if expected.size else 0.0
+    nonzero = np.abs(expected) > 1e-9 * scale
+    if scale == 0 or nonzero.sum() < 2 or not np.allclose(given[~nonzero], 0.0, atol=1e-9 * scale):
+        return None
+    ratios = given[nonzero] / expected[nonzero]
+    factor = float(np.median(ratios))
+    if not np.allclose(ratios, factor, rtol=max(rtol, 1e-9), atol=1e-12):
+        return None
+    if math.isclose(factor, 1.0, rel_tol=max(rtol, 1e-9)):
+        return None
+    return factor
+
+
+def _factor_hint(expected, given, sizes, rtol):
+    """``(hint, named)`` for an answer that is a constant times ``expected`` (or all zeros), else None."""
+    factor = constant_factor(expected, given, rtol=rtol)
+    if factor is None:
+        return None
+    if factor == 0:
+        return HINT_ALL_ZEROS, True
+    names = _factor_names(factor, sizes)
+    named = f", that is {' or '.join(names)}" if names else ""
+    hint = (
+        f"every entry of your answer is {fmt_number(factor)} times the expected one{named}: "
+        "a constant factor is off; look for a scale that is missing, applied twice, or "
+        "applied where it does not belong"
+    )
+    return hint, bool(names)
+
+
+def general_hint(expected, given, *, sizes=None, rtol=1e-6):
+    """A hint read off a wrong array answer alone, for mistakes no exercise lists; or None.
+
+    Tried in order: the transpose of ``expected``; when ``expected`` holds
+    attention weights, :func:`weights_symptom`; all zeros, or a constant factor
+    (named when it is 2, -1, or a size such as ``sqrt(d_k)`` from ``sizes``,
+    e.g. ``{"d_k": 4, "T": 3}``). Only symptoms that ``expected`` itself does
+    not show are claimed.
+    """
+    expected = np.asarray(expected)
+    given_array = as_numeric_array(given)
+    if given_array is None or expected.dtype.kind not in "biuf":
+        return None
+    is_weights = expected.dtype.kind == "f" and _is_weights(expected)
+    if _is_transpose(expected, given_array):
+        return HINT_WEIGHTS_TRANSPOSED if is_weights else HINT_TRANSPOSED
+    if given_array.shape != expected.shape or expected.dtype == np.bool_:
+        return None
+    if is_weights:
+        symptom = weights_symptom(expected, given_array, sizes=sizes)
+        if symptom is not None:
+            return symptom
+    factor = _factor_hint(expected, given_array, sizes, rtol)
+    return factor[0] if factor else None
+
+
+def attention_sizes(case):
+    """``{"d_k": ..., "T": ...}`` of a case whose first two arguments are q and k.
+
+    For :class:`FunctionExercise` ``sizes``, so that a constant factor such as
+    sqrt(d_k) is named. ``T`` becomes ``T_q`` and ``T_k`` when they differ.
+    """
+    q, k = (np.asarray(a) for a in case.args[:2])
+    sizes = {"d_k": int(q.shape[-1])}
+    t_q = int(q.shape[-2]) if q.ndim >= 2 else 1
+    t_k = int(k.shape[-2])
+    if t_q == t_k:
+        sizes["T"] = t_k
+    else:
+        sizes.update(T_q=t_q, T_k=t_k)
+    return sizes
+
+
 def weights_hint(weights, axis=-1):
     """A hint when attention weights do not sum to 1 along ``axis`` (None when they do)."""
     array = as_numeric_array(weights)
@@ -268,6 +564,34 @@ def run_code(source, name):
     exec(compile(SETUP_CODE, "<exercise set-up>", "exec"), namespace)  # noqa: S102 - our own cell code
     exec(compile(source, f"<{name}>", "exec"), namespace)  # noqa: S102
     return namespace[name]
+
+
+def _never_raises(check):
+    """Wrap an exercise's ``check`` so that whatever happens while judging becomes a failed Result."""
+
+    @functools.wraps(check)
+    def guarded_check(self, answer):
+        try:
+            result = check(self, answer)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the answer made the check itself fail
+            return self.failed(
+                "the check could not judge this answer.",
+                Failure(
+                    (f"while checking it: {describe_error(exc)}",),
+                    f"give `{self.answer_name}` the kind of answer the task asks for",
+                ),
+            )
+        if not isinstance(result, Result):
+            return self.failed(
+                "the check could not judge this answer.",
+                Failure((f"the check returned {describe_value(result)} instead of a Result",)),
+            )
+        return result
+
+    guarded_check.never_raises = True
+    return guarded_check
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -307,6 +631,13 @@ class Exercise:
     answer_name: str
     mistakes: dict = field(default_factory=dict)
     explanation: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        """Every subclass's own ``check`` (here or in a chapter module) never raises."""
+        super().__init_subclass__(**kwargs)
+        check = cls.__dict__.get("check")
+        if check is not None and not getattr(check, "never_raises", False):
+            cls.check = _never_raises(check)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -357,7 +688,7 @@ class Exercise:
             return self.failed(
                 "expected a function.",
                 Failure(
-                    ("expected: a function", f"given:    {_type_name(answer)}"),
+                    ("expected: a function", f"given:    {describe_value(answer)}"),
                     f"pass the function itself: check(..., {self.answer_name})",
                 ),
             )
@@ -392,13 +723,23 @@ class FunctionExercise(Exercise):
         ``diagnose(case, given, answer) -> str or None``: a hint read off a
         wrong output, or off more calls of the answer (rows not summing to 1,
         a token seeing the future, ...). Tried before the mistakes.
+    sizes : callable, optional
+        ``sizes(case) -> dict`` such as ``{"d_k": 4, "T": 3}``, so that a
+        constant factor in a wrong answer is named (``sqrt(d_k)``); see
+        :func:`attention_sizes`.
     rtol, atol : float
         Tolerances of the comparison (``np.isclose``).
+
+    A wrong output gets, in this order, the comparison's own hint (a dtype), the
+    ``diagnose`` hint, the hint of the first listed mistake it behaves like, and
+    then a general symptom (:func:`general_hint`, and for an answer that returns
+    ``weights @ v``, :func:`weights_symptom` on the weights it uses).
     """
 
     cases: object
     expected: object
     diagnose: object = None
+    sizes: object = None
     rtol: float = 1e-5
     atol: float = 1e-7
 
@@ -430,14 +771,93 @@ class FunctionExercise(Exercise):
     def _judge(self, case, outcome, answer):
         if outcome.error is not None:
             line = f"raised {describe_error(outcome.error)}"
-            return Failure((line,), self._mistake_hint(case, outcome))
-        failure = compare_arrays(self.expected(case), outcome.value, rtol=self.rtol, atol=self.atol)
+            hint = self._mistake_hint(case, outcome)
+            if hint is None and isinstance(outcome.error, SystemExit):
+                hint = HINT_SYSTEM_EXIT
+            return Failure((line,), hint)
+        expected = self.expected(case)
+        failure = compare_arrays(expected, outcome.value, rtol=self.rtol, atol=self.atol)
         if failure is None:
             return None
         hint = (
-            failure.hint or self._diagnosed(case, outcome.value, answer) or self._mistake_hint(case, outcome)
+            failure.hint
+            or self._diagnosed(case, outcome.value, answer)
+            or self._mistake_hint(case, outcome)
+            or self._general_hint(case, expected, outcome.value, answer)
         )
         return Failure(failure.lines, hint)
+
+    def _general_hint(self, case, expected, given, answer):
+        """A general symptom of the output, or of the weights the answer uses (see the class docstring).
+
+        For an output ``weights @ v`` the order is: the output transposed; all zeros
+        or a named constant factor; a symptom of the probed weights; an unnamed
+        constant factor; the probed weights being right.
+        """
+        sizes = None
+        if self.sizes is not None:
+            outcome = call_safely(self.sizes, (case,))
+            sizes = outcome.value if outcome.error is None and isinstance(outcome.value, dict) else None
+        rtol = max(self.rtol, 1e-6)
+        probe = self._weights_probe(case, expected)
+        if probe is None:
+            return general_hint(expected, given, sizes=sizes, rtol=rtol)
+        given_array = as_numeric_array(given)
+        if given_array is None:
+            return None
+        if _is_transpose(np.asarray(expected), given_array):
+            return HINT_TRANSPOSED
+        factor = _factor_hint(np.asarray(expected), given_array, sizes, rtol)
+        if factor is not None and factor[1]:
+            return factor[0]
+        probed = self._probed_weights_hint(answer, *probe, sizes)
+        if probed is not None and probed != HINT_WEIGHTS_RIGHT:
+            return probed
+        return factor[0] if factor else probed
+
+    @staticmethod
+    def _probed_weights_hint(answer, probe_case, expected_weights, sizes):
+        """What the weights the answer returns for v = identity show, or None."""
+        args, kwargs = probe_case.fresh()
+        outcome = call_safely(answer, args, kwargs)
+        if outcome.error is not None:
+            return None
+        weights = as_numeric_array(outcome.value)
+        if weights is None or weights.shape != expected_weights.shape or weights.dtype == np.bool_:
+            return None
+        if np.allclose(weights.astype(np.float64), expected_weights, rtol=1e-6, atol=1e-9):
+            return HINT_WEIGHTS_RIGHT
+        symptom = weights_symptom(expected_weights, weights, sizes=sizes)
+        return f"{PROBE_INTRO}. {symptom[0].upper()}{symptom[1:]}" if symptom else None
+
+    def _weights_probe(self, case, expected):
+        """``(case with v = identity, expected weights)`` when the expected output is ``weights @ v``.
+
+        Tries each array argument of shape ``(..., T_k, d_v)``, last first: with the
+        identity matrix in its place, the expected output must be valid attention
+        weights ``W`` with ``W @ v`` equal to the expected output, so the probe is
+        only used where it means something.
+        """
+        expected = as_numeric_array(expected)
+        if expected is None or expected.dtype.kind != "f" or not np.isfinite(expected).all():
+            return None
+        for position in reversed(range(len(case.args))):
+            v = case.args[position]
+            if not isinstance(v, np.ndarray) or v.ndim < 2 or v.dtype.kind != "f":
+                continue
+            t_k = v.shape[-2]
+            identity = np.broadcast_to(np.eye(t_k), (*v.shape[:-2], t_k, t_k)).copy()
+            args = (*case.args[:position], identity, *case.args[position + 1 :])
+            probe_case = Case(f"{case.description}, with v = the identity", args, case.kwargs)
+            outcome = call_safely(self.expected, (probe_case,))
+            weights = as_numeric_array(outcome.value) if outcome.error is None else None
+            if weights is None or weights.dtype.kind != "f" or not _is_weights(weights):
+                continue
+            with np.errstate(all="ignore"):
+                mixed = weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v), or (T_k,) @ (T_k, d_v)
+            if mixed.shape == expected.shape and np.allclose(mixed, expected, rtol=1e-9, atol=1e-12):
+                return probe_case, weights.astype(np.float64)
+        return None
 
     def _diagnosed(self, case, given, answer):
         if self.diagnose is None:
@@ -461,7 +881,7 @@ def _same_outcome(a, b, rtol, atol):
             a.error is not None
             and b.error is not None
             and type(a.error) is type(b.error)
-            and str(a.error) == str(b.error)
+            and _safe_str(a.error) == _safe_str(b.error)
         )
     x, y = as_numeric_array(a.value), as_numeric_array(b.value)
     if x is None or y is None or x.shape != y.shape:
@@ -470,18 +890,27 @@ def _same_outcome(a, b, rtol, atol):
 
 
 def _as_number(value):
-    """A real number as a float, or None (bools and strings are not numbers here)."""
-    if is_tensor(value):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, np.ndarray):
-        if value.size != 1 or value.dtype.kind not in "iuf":
+    """A real number as a float (+-inf for an integer too large for one), or None.
+
+    Bools, strings and complex numbers are not numbers here; a size-1 array is.
+    """
+    try:
+        if is_tensor(value):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, (bool, np.bool_)):
             return None
-        value = value.reshape(())[()]
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
-    return None
+        if isinstance(value, np.ndarray):
+            if value.size != 1 or value.dtype.kind not in "iuf":
+                return None
+            value = value.reshape(())[()]
+        if not isinstance(value, (numbers.Real, decimal.Decimal)):
+            return None
+        try:
+            return float(value)
+        except OverflowError:  # 10**400: larger than any float
+            return math.inf if value > 0 else -math.inf
+    except Exception:  # noqa: BLE001 - a number-like object whose conversion fails
+        return None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -520,15 +949,22 @@ class ValueExercise(Exercise):
                 "then run the cell again."
             )
         number = _as_number(answer)
-        if number is None or math.isnan(number):
-            given = "NaN" if number is not None else _type_name(answer)
-            if isinstance(answer, str):
-                given = f"the string {answer!r}"
+        if number is None:
+            hint = (
+                "write the number itself, without quotes"
+                if isinstance(answer, str)
+                else f"set `{self.answer_name}` to one number, an int or a float"
+            )
             return self.failed(
                 "expected one number.",
+                Failure(("expected: a number (int or float)", f"given:    {describe_value(answer)}"), hint),
+            )
+        if not math.isfinite(number):
+            return self.failed(
+                "expected a finite number.",
                 Failure(
-                    ("expected: a number (int or float)", f"given:    {given}"),
-                    "write the number itself, without quotes",
+                    ("expected: a finite number", f"given:    {fmt_number(answer)}"),
+                    "the answer is an ordinary finite number: check your arithmetic",
                 ),
             )
         if self._close(number, float(self.expected())):
@@ -575,7 +1011,7 @@ class ChoiceExercise(Exercise):
                 "then run the cell again."
             )
         if not isinstance(answer, str) or normalise_choice(answer) not in self.options:
-            given = f"{answer!r}" if isinstance(answer, str) else _type_name(answer)
+            given = f"{answer!r}" if isinstance(answer, str) else describe_value(answer)
             return self.failed(
                 "expected one of the options.",
                 Failure(
