@@ -41,7 +41,7 @@ TEMPERATURE = [
      "position of the slider:"),
     ("code", "interactive-temperature-static", ["remove-cell"],
      "from attnlib import interactive\n\n"
-     "factor_slider = interactive.softmax_temperature(primer_scores, tokens)\n"
+     "factor_slider = interactive.softmax_temperature(example_scores, tokens)\n"
      "factor_slider.static_figure()  # the static version, for readers of the notebook\n"
      "plt.show()"),
     ("code", "interactive-temperature", ["remove-input"], "factor_slider"),
@@ -65,7 +65,9 @@ ONLINE_SOFTMAX = [
     ("code", "interactive-online-softmax-static", ["remove-cell"],
      "from attnlib import interactive\n"
      "from attnlib.examples import ANIMAL_SENTENCE, animal_sentence_embeddings\n\n"
-     "sentence_layer = attnlib.SelfAttention(d_model=16, d_k=16, d_v=4, max_seq_len=64, seed=0)\n"
+     "sentence_layer = attnlib.SelfAttention(\n"
+     "    d_model=16, d_k=16, d_v=4, max_seq_len=64, seed=0\n"
+     ")\n"
      "q_s, k_s, v_s = sentence_layer.project(animal_sentence_embeddings(d_model=16, seed=0))\n"
      'it_scores = q_s[ANIMAL_SENTENCE.index("it")] @ k_s.T / np.sqrt(16)  # (12,)\n'
      "trace = interactive.online_softmax_trace(\n"
