@@ -118,15 +118,6 @@ class Chromium:
             raise BrowserError(f"{method}: {reply['error'].get('message')}")
         return reply.get("result", {})
 
-    def wait_for_event(self, method, session, timeout=None):
-        """Wait until an event named ``method`` has arrived for ``session``."""
-        deadline = time.monotonic() + (timeout or self.timeout)
-        with self._lock:
-            while not any(e["method"] == method and e.get("sessionId") == session for e in self.events):
-                if time.monotonic() > deadline:
-                    raise BrowserError(f"no {method} within {timeout or self.timeout:.0f} s")
-                self._lock.wait(0.5)
-
     def open_page(self, url, width, height):
         """A new tab, offline, ``width`` x ``height`` CSS pixels, navigated to ``url``."""
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -139,8 +130,16 @@ class Chromium:
         self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
                   "deviceScaleFactor": 1, "mobile": width < 600}, session=session)
         self.send("Page.navigate", {"url": url}, session=session)
-        self.wait_for_event("Page.loadEventFired", session)
-        return page
+        deadline = time.monotonic() + self.timeout
+        while True:  # the blank tab's own load event may come first: wait for this page's
+            try:
+                if page.evaluate("document.readyState === 'complete' && location.href", False) == url:
+                    return page
+            except BrowserError:
+                pass  # the page is still being replaced
+            if time.monotonic() > deadline:
+                raise BrowserError(f"{url} did not finish loading within {self.timeout:.0f} s")
+            time.sleep(0.05)
 
     def close(self):
         try:
@@ -246,8 +245,9 @@ REPORT_JS = r"""(() => {
     // Wider than the column: an element sticking out of the column that no scrolling box
     // between it and the column holds, or that is cut off by a box that clips without scrolling.
     const tooWide = [];
+    const screenReaderOnly = el => el.closest("mjx-assistive-mml");  // MathML kept for screen readers
     for (const el of article.querySelectorAll("*")) {
-        if (!visible(el)) continue;
+        if (!visible(el) || screenReaderOnly(el)) continue;
         const r = el.getBoundingClientRect();
         if (r.right <= column.right + 1 && r.left >= column.left - 1) continue;
         let box = el.parentElement, held = false, cut = false;
@@ -267,7 +267,8 @@ REPORT_JS = r"""(() => {
     const cutOff = [];
     for (const el of article.querySelectorAll("*")) {
         if (!visible(el) || scrollsX(el) || !clipsX(el)) continue;
-        if (el.scrollWidth > el.clientWidth + 1 && !el.closest("mjx-container")) cutOff.push(describe(el));
+        if (getComputedStyle(el).display === "inline" || el.closest(".math, mjx-container")) continue;
+        if (el.scrollWidth > el.clientWidth + 1) cutOff.push(describe(el));
     }
     const images = [...document.images].filter(img => img.offsetParent !== null || img.closest("article"));
     const brokenImages = images.filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src);

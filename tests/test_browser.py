@@ -1,0 +1,159 @@
+"""The built book in a real browser: headless Chromium, every page, offline, phone and desktop.
+
+Runs on the HTML in ``$BOOK_HTML`` (``make browser-test`` sets it to the strict build,
+``_build/html``) and is skipped without it or without a Chromium. Each page is opened
+from disk with the network off, at 1280 px and at 390 px wide, and checked for what a
+reader would trip over. The page checks themselves are in ``tools/browser.py``.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tools.browser import WIDTHS, Chromium, find_chromium, page_report, typeset
+
+BOOK = Path(os.environ["BOOK_HTML"]) if os.environ.get("BOOK_HTML") else None
+pytestmark = [
+    pytest.mark.skipif(BOOK is None, reason="set BOOK_HTML to a built book (make browser-test does)"),
+    pytest.mark.skipif(find_chromium() is None, reason="no Chromium (apt-get install chromium)"),
+]
+PAGES = sorted((BOOK / "book").glob("*.html")) + [BOOK / "index.html"] if BOOK else []
+VIEWS = [(page, width) for page in PAGES for width in WIDTHS.values()]
+MIN_FIGURE_SCALE = 0.65  # with 11 pt text at 100 dpi (attnlib.plotting), at least 9.9 px on screen
+
+FIGURE_SCALES_JS = """[...document.querySelectorAll("div.cell_output img")].map(img => {
+    const shown = img.getBoundingClientRect().width;
+    return [img.src.split("/").pop(), img.naturalWidth, Math.round(shown)];
+})"""
+
+CODE_FITS_JS = """[...document.querySelectorAll("div.cell_input pre")].filter(pre => {
+    if (pre.closest(".admonition")) return false;  // exercise boxes are narrower: their code scrolls
+    const longest = Math.max(...pre.innerText.split("\\n").map(line => line.length));
+    return longest <= 88 && pre.scrollWidth > pre.clientWidth + 1;
+}).map(pre => `${pre.scrollWidth} > ${pre.clientWidth} px: ` + pre.innerText.slice(0, 60))"""
+
+REACT_JS = """(() => {
+    const results = [];
+    for (const root of document.querySelectorAll(".attn-interactive")) {
+        const frames = Number(root.dataset.frames);
+        if (frames > 1) {
+            const next = root.querySelector("button.attn-next");
+            const visible = () => [...root.querySelectorAll(".attn-frame")].findIndex(f => !f.hidden);
+            const before = [root.dataset.frame, visible()];
+            if (next) next.click();
+            const after = [root.dataset.frame, visible()];
+            const slider = root.querySelector("input.attn-slider");
+            results.push({id: root.id, kind: "frames", ok: !!next && !!slider && before[0] === "1"
+                && after[0] === "2" && before[1] === 0 && after[1] === 1});
+        }
+        const readout = root.querySelector(".attn-readout");
+        if (readout) {
+            const cells = root.querySelectorAll("[data-readout]");
+            const cell = cells[cells.length - 1];
+            const before = readout.textContent;
+            cell.dispatchEvent(new MouseEvent("mouseover", {bubbles: true}));
+            results.push({id: root.id, kind: "readout", ok: readout.textContent !== before
+                && readout.textContent === cell.dataset.readout});
+        }
+    }
+    return results;
+})()"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with Chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture(scope="module")
+def visits(browser):
+    """Open each (page, width) once, lazily; keep what the checks need."""
+    seen = {}
+
+    def visit(page, width):
+        if (page, width) not in seen:
+            seen[page, width] = RuntimeError(f"{page.name} at {width} px did not open")  # fail once
+            name = next(k for k, w in WIDTHS.items() if w == width)
+            tab = browser.open_page(page.as_uri(), width, {"desktop": 900, "phone": 844}[name])
+            typeset(tab)
+            report = page_report(tab)
+            report["figures"] = tab.evaluate(FIGURE_SCALES_JS, await_promise=False)
+            report["code_scrolls"] = tab.evaluate(CODE_FITS_JS, await_promise=False)
+            report["reactions"] = tab.evaluate(REACT_JS, await_promise=False)
+            report["errors"] = tab.console_errors()
+            report["external"] = [u for u in tab.requests() if not u.startswith(("file:", "data:"))]
+            report["failed"] = tab.failed_loads()
+            tab.close()
+            seen[page, width] = report
+        if isinstance(seen[page, width], Exception):
+            raise seen[page, width]
+        return seen[page, width]
+
+    return visit
+
+
+def _id(view):
+    page, width = view
+    return f"{page.stem}-{width}px"
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_nothing_is_loaded_from_another_host_and_every_load_succeeds(visits, view):
+    report = visits(*view)
+    assert report["external"] == []
+    assert report["failed"] == []
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_the_math_is_typeset(visits, view):
+    report = visits(*view)
+    assert report["untypeset"] == [], "formulas MathJax left alone"
+    assert report["rawMath"] == [], "raw \\( or \\[ in the text"
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_every_image_has_loaded(visits, view):
+    assert visits(*view)["brokenImages"] == []
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_nothing_in_the_main_column_is_wider_than_the_column(visits, view):
+    report = visits(*view)
+    assert report["tooWide"] == [], f"{report['tooWideCount']} elements stick out of the column"
+    assert report["cutOff"] == [], "boxes that cut their content off without scrolling"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_code_lines_of_88_characters_fit_the_column_at_1280_px(visits, page):
+    assert visits(page, WIDTHS["desktop"])["code_scrolls"] == []
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_figures_are_shown_large_enough_to_read(visits, view):
+    small = [f"{name}: {shown} of {natural} px" for name, natural, shown in visits(*view)["figures"]
+             if natural and shown < MIN_FIGURE_SCALE * natural - 1]
+    assert small == []
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_there_are_no_console_errors(visits, view):
+    assert visits(*view)["errors"] == []
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_solutions_start_collapsed(visits, view):
+    assert visits(*view)["openSolutions"] == []
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_the_interactive_figures_react(visits, view):
+    failed = [r for r in visits(*view)["reactions"] if not r["ok"]]
+    assert failed == []
+
+
+def test_the_book_has_at_least_four_interactive_figures_that_step_or_read_out(visits):
+    reactions = [r for page in PAGES for r in visits(page, WIDTHS["desktop"])["reactions"]]
+    assert len({r["id"] for r in reactions}) >= 4
+    assert {"frames", "readout"} <= {r["kind"] for r in reactions}
