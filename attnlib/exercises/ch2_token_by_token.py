@@ -1,15 +1,14 @@
-"""Chapter 2, Token by token: one scaled score, one query's output, and where "the" looks.
+"""Chapter 2, Token by token: one scaled score, one query's output, and a key made longer.
 
-The chapter follows "cat" and prints its scores, scaled scores and weights, so
-the by-hand and predict exercises here ask about other tokens, whose numbers
-the chapter never prints.
+The chapter prints every score, scaled score and weight of "the cat sat" (its
+figure steps through all of them), so the by-hand and predict exercises ask
+about a key the chapter never shows: a made-up fourth token, and a doubled key.
 """
 
 import numpy as np
 
 from ..attention import attention_weights
 from ..examples import THE_CAT_SAT
-from ..scores import score_matrix
 from .core import (
     Case,
     ChoiceExercise,
@@ -20,61 +19,55 @@ from .core import (
     attention_sizes,
 )
 
-# The pair of the by-hand exercise: the query of "sat" against the key of "the".
-_QUERY, _KEY = THE_CAT_SAT.index("sat"), THE_CAT_SAT.index("the")
-# The token of the predict exercise.
-_LOOKER = THE_CAT_SAT.index("the")
+_CAT = THE_CAT_SAT.index("cat")
+# The by-hand exercise: the sentence goes on, "the cat sat down", with a made-up key for "down".
+NEW_TOKEN = "down"
+NEW_KEY = np.array([0.8, 0.1, 0.6, 0.4])
+# The predict exercise: the key of this token is doubled.
+DOUBLED = THE_CAT_SAT.index("the")
 
 
 def _row_text(row):
     return "[" + ", ".join(f"{x:g}" for x in row) + "]"
 
 
-def _raw_score(query, key):
-    return float(score_matrix(THE_CAT_SAT.q, THE_CAT_SAT.k)[query, key])
+def _score_of_cat_against_new_key():
+    return float(THE_CAT_SAT.q[_CAT] @ NEW_KEY)  # (d_k,) . (d_k,)
 
-
-_Q_NAME, _K_NAME = THE_CAT_SAT.tokens[_QUERY], THE_CAT_SAT.tokens[_KEY]
 
 scaled_score = ValueExercise(
     id="ch2.scaled_score",
     title="One scaled score",
     kind="by hand",
     task=(
-        f'In "the cat sat", the query of "{_Q_NAME}" is '
-        f"$q_{{{_Q_NAME}}} = {_row_text(THE_CAT_SAT.q[_QUERY])}$ "
-        f'and the key of "{_K_NAME}" is $k_{{{_K_NAME}}} = {_row_text(THE_CAT_SAT.k[_KEY])}$ '
-        f"($d_k = {THE_CAT_SAT.d_k}$). Compute the scaled score "
-        f"$q_{{{_Q_NAME}}} \\cdot k_{{{_K_NAME}}} / \\sqrt{{d_k}}$ with pen and paper "
-        "(or as a sum typed out in a cell). Three decimal places are enough."
+        f'Suppose the sentence goes on, "the cat sat {NEW_TOKEN}", and the key of "{NEW_TOKEN}" is '
+        f"$k_{{{NEW_TOKEN}}} = {_row_text(NEW_KEY)}$ (a made-up row). With the query of \"cat\" from "
+        f"this chapter, $q_{{cat}} = {_row_text(THE_CAT_SAT.q[_CAT])}$, and $d_k = {THE_CAT_SAT.d_k}$, "
+        f"compute the scaled score $q_{{cat}} \\cdot k_{{{NEW_TOKEN}}} / \\sqrt{{d_k}}$ with pen and "
+        "paper (or as a sum typed out in a cell). Three decimal places are enough."
     ),
     starter="answer = ...  # a number",
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
-        f'q_{_Q_NAME}, k_{_K_NAME} = ex.q[ex.index("{_Q_NAME}")], ex.k[ex.index("{_K_NAME}")]\n'
-        f"products = q_{_Q_NAME} * k_{_K_NAME}  # one product per dimension\n"
+        'q_cat = ex.q[ex.index("cat")]\n'
+        f"k_{NEW_TOKEN} = np.array({NEW_KEY.tolist()})\n"
+        f"products = q_cat * k_{NEW_TOKEN}  # one product per dimension\n"
         "answer = float(products.sum() / np.sqrt(ex.d_k))\n"
-        'print(" + ".join(f"{a:g}*{b:g}" for a, b in '
-        f'zip(q_{_Q_NAME}, k_{_K_NAME})), f"= {{products.sum():.2f}}")\n'
-        'print(f"scaled by 1/sqrt({ex.d_k}): {answer:.3f}")'
+        f'terms = " + ".join(f"{{a:g}}*{{b:g}}" for a, b in zip(q_cat, k_{NEW_TOKEN}))\n'
+        'print(terms, f"= {products.sum():.2f}, scaled by 1/sqrt({ex.d_k}): {answer:.3f}")'
     ),
     answer_name="answer",
-    expected=lambda: _raw_score(_QUERY, _KEY) / np.sqrt(THE_CAT_SAT.d_k),
+    expected=lambda: _score_of_cat_against_new_key() / np.sqrt(THE_CAT_SAT.d_k),
     atol=5e-4,
     tolerance_text="to 3 decimal places",
     hint="multiply the two rows entry by entry, add the four products, then divide by sqrt(d_k)",
     mistakes={
         "unscaled": Mistake(
-            lambda: _raw_score(_QUERY, _KEY), "that is the raw dot product: divide it by sqrt(d_k)"
+            _score_of_cat_against_new_key, "that is the raw dot product: divide it by sqrt(d_k)"
         ),
         "divided_by_d_k": Mistake(
-            lambda: _raw_score(_QUERY, _KEY) / THE_CAT_SAT.d_k,
+            lambda: _score_of_cat_against_new_key() / THE_CAT_SAT.d_k,
             "you divided by d_k: divide by its square root",
-        ),
-        "swapped": Mistake(
-            lambda: _raw_score(_KEY, _QUERY) / np.sqrt(THE_CAT_SAT.d_k),
-            f'that is the query of "{_K_NAME}" against the key of "{_Q_NAME}": '
-            f'take q from "{_Q_NAME}" and k from "{_K_NAME}"',
         ),
     },
     explanation=(
@@ -172,59 +165,59 @@ one_query_output = FunctionExercise(
 )
 
 
-def _most_attended():
-    weights = attention_weights(THE_CAT_SAT.q, THE_CAT_SAT.k)[_LOOKER]  # scaled, softmaxed: (T,)
+def _largest_weight_of_cat(doubled):
+    """The token "cat" gives the largest weight, with the key of token ``doubled`` doubled (or none)."""
+    k = THE_CAT_SAT.k.copy()
+    if doubled is not None:
+        k[doubled] *= 2
+    weights = attention_weights(THE_CAT_SAT.q, k)[_CAT]  # (T,): row "cat"
     return THE_CAT_SAT.tokens[int(np.argmax(weights))]
 
 
-_LOOKER_NAME = THE_CAT_SAT.tokens[_LOOKER]
-_KEYS_TEXT = ", ".join(
-    f"$k_{{{token}}} = {_row_text(row)}$" for token, row in zip(THE_CAT_SAT.tokens, THE_CAT_SAT.k)
-)
+_DOUBLED_NAME = THE_CAT_SAT.tokens[DOUBLED]
 _OPTIONS_TEXT = (
     ", ".join(f'`"{token}"`' for token in THE_CAT_SAT.tokens[:-1]) + f' or `"{THE_CAT_SAT.tokens[-1]}"`'
 )
 
-the_attends_most = ChoiceExercise(
-    id="ch2.the_attends_most",
-    title=f'Where does "{_LOOKER_NAME}" look?',
+doubled_key = ChoiceExercise(
+    id="ch2.doubled_key",
+    title="A longer key",
     kind="predict",
     task=(
-        f'This chapter followed "cat". Now take "{_LOOKER_NAME}": with scaling and no mask, which token '
-        f'does "{_LOOKER_NAME}" give the largest attention weight? Decide from dot products alone, '
-        "without computing a softmax. Its query is "
-        f"$q_{{{_LOOKER_NAME}}} = {_row_text(THE_CAT_SAT.q[_LOOKER])}$ and the keys are {_KEYS_TEXT}. "
-        f"Set `answer` to {_OPTIONS_TEXT}."
+        f'In this chapter "cat" gives its largest weight to "{_largest_weight_of_cat(None)}". Suppose '
+        f'the key of "{_DOUBLED_NAME}" were twice as long, $2 k_{{{_DOUBLED_NAME}}}$, and nothing else '
+        'changed. Before computing: which token would "cat" then give the largest weight? Set '
+        f"`answer` to {_OPTIONS_TEXT}."
     ),
     starter="answer = ...  # " + " or ".join(f'"{token}"' for token in THE_CAT_SAT.tokens),
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
-        f'q_{_LOOKER_NAME} = ex.q[ex.index("{_LOOKER_NAME}")]\n'
-        f"scores = ex.k @ q_{_LOOKER_NAME}  # one dot product per key: (T,)\n"
-        f"weights = attnlib.attention_weights(ex.q, ex.k)[ex.index(\"{_LOOKER_NAME}\")]  # the check\n"
-        "for token, score, weight in zip(ex.tokens, scores, weights):\n"
-        '    print(f"{token:>4}: score {score:.2f}, weight {weight:.4f}")\n'
-        "answer = ex.tokens[int(np.argmax(scores))]  # softmax keeps the order of the scores"
+        "k = ex.k.copy()\n"
+        f'k[ex.index("{_DOUBLED_NAME}")] *= 2  # a key twice as long\n'
+        'weights_of_cat = attnlib.attention_weights(ex.q, k)[ex.index("cat")]\n'
+        "for token, weight in zip(ex.tokens, weights_of_cat):\n"
+        '    print(f"{token:>4}: {weight:.4f}")\n'
+        "answer = ex.tokens[int(np.argmax(weights_of_cat))]"
     ),
     answer_name="answer",
     options={token: token for token in THE_CAT_SAT.tokens},
-    expected=_most_attended,
+    expected=lambda: _largest_weight_of_cat(DOUBLED),
     hint=(
-        f'the largest weight goes to the largest score: compute q_{_LOOKER_NAME} · k for each of the '
-        "three keys and compare"
+        f'the dot product is linear: doubling k_{_DOUBLED_NAME} doubles the score of "cat" against it; '
+        "compare that with the other two scores"
     ),
     mistakes={
-        "itself": Mistake(
-            lambda: _LOOKER_NAME,
-            "a token does not always match its own key best: "
-            "the query and the key of a token come from different weights",
+        "unchanged": Mistake(
+            lambda: _largest_weight_of_cat(None),
+            f'doubling k_{_DOUBLED_NAME} doubles the score of "cat" against it, and the largest score '
+            "gets the largest weight: compare the new score with the other two",
         ),
     },
     explanation=(
-        "Dividing by $\\sqrt{d_k}$ and the softmax both keep the order of the scores, so the largest "
-        "dot product gets the largest weight. Here that is not the token's own key: a query and a key "
-        "of the same token come from different weights and need not match."
+        "A dot product grows with the length of its vectors, so a longer key draws more attention "
+        "from every query that points its way. The scale $1/\\sqrt{d_k}$ and the softmax keep the "
+        "order of the scores: the largest score still wins."
     ),
 )
 
-EXERCISES = (scaled_score, one_query_output, the_attends_most)
+EXERCISES = (scaled_score, one_query_output, doubled_key)

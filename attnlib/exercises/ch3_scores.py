@@ -49,8 +49,8 @@ score_entry = ValueExercise(
         f"k = np.array({OTHER_K.tolist()})\n"
         f"q_{_ROW_NAME}, k_{_COLUMN_NAME} = q[{_ROW}], k[{_COLUMN}]  # row = query, column = key\n"
         f"answer = float(q_{_ROW_NAME} @ k_{_COLUMN_NAME})\n"
-        'print(" + ".join(f"({a:g})*({b:g})" for a, b in '
-        f'zip(q_{_ROW_NAME}, k_{_COLUMN_NAME})), f"= {{answer:.2f}}")'
+        f'terms = " + ".join(f"({{a:g}})*({{b:g}})" for a, b in zip(q_{_ROW_NAME}, k_{_COLUMN_NAME}))\n'
+        'print(terms, f"= {answer:.2f}")'
     ),
     answer_name="answer",
     expected=lambda: _other_score(_ROW, _COLUMN),
@@ -115,7 +115,8 @@ score_matrix_exercise = FunctionExercise(
     starter="def scores(q, k):\n    ...  # your code here",
     solution=(
         "def scores(q, k):\n"
-        "    return q @ k.swapaxes(-2, -1)  # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)"
+        "    # (..., T_q, d_k) @ (..., d_k, T_k) -> (..., T_q, T_k)\n"
+        "    return q @ k.swapaxes(-2, -1)"
     ),
     answer_name="scores",
     cases=_score_cases,

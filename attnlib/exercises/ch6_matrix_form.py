@@ -222,7 +222,7 @@ ignore_mask = FunctionExercise(
 _SHIPPED_CAUSAL = """def my_causal_attention(q, k, v):
     T, d_k = q.shape[-2], q.shape[-1]
     scores = q @ k.swapaxes(-2, -1) / np.sqrt(d_k)  # (..., T, T)
-    may_attend = np.tril(np.ones((T, T), dtype=bool), k=1)  # True where query i may see key j
+    may_attend = np.tril(np.ones((T, T), dtype=bool), k=1)  # True: query i sees key j
     scores = np.where(may_attend, scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)

@@ -241,7 +241,8 @@ class TimerExercise(Exercise):
             return Failure(
                 (
                     "expected: an idle device when the first timed call starts",
-                    "given:    the warm-up's work was still queued, so the first timed call waited for it too",
+                    "given:    the warm-up's work was still queued, so the first timed call "
+                    "waited for it too",
                 ),
                 _WARMUP_SYNC_HINT,
             )

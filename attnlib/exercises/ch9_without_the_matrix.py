@@ -463,11 +463,12 @@ online_update = UpdateStepExercise(
     solution=(
         "def online_update(m, l, acc, scores_block, v_block):\n"
         "    m_new = np.maximum(m, scores_block.max(axis=1))  # (n_q,): the maximum can only grow\n"
-        "    shift = np.where(np.isneginf(m_new), 0.0, m_new)  # a row with no allowed key yet: shift by 0\n"
+        "    # a row with no allowed key yet has m_new = -inf: shift it by 0 instead\n"
+        "    shift = np.where(np.isneginf(m_new), 0.0, m_new)\n"
         "    p = np.exp(scores_block - shift[:, None])  # (n_q, n_k), every entry <= 1\n"
         "    alpha = np.exp(m - shift)  # (n_q,): moves the old sums onto the new maximum\n"
         "    l_new = alpha * l + p.sum(axis=1)\n"
-        "    acc_new = alpha[:, None] * acc + p @ v_block  # (n_q, n_k) @ (n_k, d_v) -> (n_q, d_v)\n"
+        "    acc_new = alpha[:, None] * acc + p @ v_block  # p @ v_block: (n_q, d_v)\n"
         "    return m_new, l_new, acc_new"
     ),
     answer_name="online_update",
@@ -502,7 +503,7 @@ _SHIPPED_NO_ACC_RESCALE = """def online_attention(q, k, v, block_size=2):
     l = np.zeros(T_q)  # running sum of exp(score - m)
     acc = np.zeros((T_q, v.shape[1]))  # running sum of exp(score - m) * v_j
     for j0 in range(0, T_k, block_size):
-        s = q @ k[j0 : j0 + block_size].T / np.sqrt(q.shape[1])  # (T_q, n_k): this block's scores
+        s = q @ k[j0 : j0 + block_size].T / np.sqrt(q.shape[1])  # (T_q, n_k) scores
         m_new = np.maximum(m, s.max(axis=1))
         p = np.exp(s - m_new[:, None])  # (T_q, n_k), every entry <= 1
         alpha = np.exp(m - m_new)  # moves the old sums onto the new maximum
@@ -564,12 +565,12 @@ fix_acc_rescale = FunctionExercise(
         "    l = np.zeros(T_q)  # running sum of exp(score - m)\n"
         "    acc = np.zeros((T_q, v.shape[1]))  # running sum of exp(score - m) * v_j\n"
         "    for j0 in range(0, T_k, block_size):\n"
-        "        s = q @ k[j0 : j0 + block_size].T / np.sqrt(q.shape[1])  # (T_q, n_k): this block's scores\n"
+        "        s = q @ k[j0 : j0 + block_size].T / np.sqrt(q.shape[1])  # (T_q, n_k) scores\n"
         "        m_new = np.maximum(m, s.max(axis=1))\n"
         "        p = np.exp(s - m_new[:, None])  # (T_q, n_k), every entry <= 1\n"
         "        alpha = np.exp(m - m_new)  # moves the old sums onto the new maximum\n"
         "        l = alpha * l + p.sum(axis=1)\n"
-        "        acc = alpha[:, None] * acc + p @ v[j0 : j0 + block_size]  # the fix: rescale acc like l\n"
+        "        acc = alpha[:, None] * acc + p @ v[j0 : j0 + block_size]  # the fix: like l\n"
         "        m = m_new\n"
         "    return acc / l[:, None]"
     ),
