@@ -53,7 +53,9 @@ HEATMAP = [
      "query attends to which key, and with what weight."),
     ("code", "interactive-heatmap", ["remove-input"],
      "from attnlib import interactive\n\n"
-     'interactive.heatmap(animal_weights, sentence, title="One untrained layer: who attends to whom")'),
+     "interactive.heatmap(\n"
+     '    animal_weights, sentence, title="One untrained layer: who attends to whom"\n'
+     ")"),
 ]
 
 ONLINE_SOFTMAX = [
