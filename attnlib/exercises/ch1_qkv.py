@@ -1,4 +1,4 @@
-"""Chapter 1, Query, Key and Value: counting weights, projecting, and what a row depends on."""
+"""Chapter 1, Query, Key and Value: counting weights, projecting, and what one column of W_Q changes."""
 
 import numpy as np
 
@@ -119,57 +119,62 @@ project_queries = FunctionExercise(
 )
 
 
-def _rows_that_change():
-    """Perturb row 0 of X and report which rows of Q move."""
+def _columns_that_change():
+    """Change column 0 of W_Q and report which columns of Q move."""
     ex = THE_CAT_SAT
-    x = ex.x.copy()
-    x[0] += 1.0
+    w_q = ex.w_q.copy()
+    w_q[:, 0] += 1.0
     q_before, _, _ = project_qkv(ex.x, ex.w_q, ex.w_k, ex.w_v)
-    q_after, _, _ = project_qkv(x, ex.w_q, ex.w_k, ex.w_v)
-    return tuple(int(i) for i in np.flatnonzero(~np.isclose(q_before, q_after).all(axis=-1)))
+    q_after, _, _ = project_qkv(ex.x, w_q, ex.w_k, ex.w_v)
+    return tuple(int(j) for j in np.flatnonzero(~np.isclose(q_before, q_after).all(axis=0)))
 
 
-def _row_dependence():
-    return "a" if _rows_that_change() == (0,) else "b"
+def _column_dependence():
+    changed = _columns_that_change()
+    if changed == (0,):
+        return "a"
+    return "b" if len(changed) == THE_CAT_SAT.q.shape[1] else "c"
 
 
-row_depends_on = ChoiceExercise(
-    id="ch1.row_depends_on",
-    title="What does one query depend on?",
+column_depends_on = ChoiceExercise(
+    id="ch1.column_depends_on",
+    title="What does one column of W_Q change?",
     kind="predict",
     task=(
-        "In $Q = X W_Q$, the query of token $i$ is row $i$ of $Q$. Which rows of $X$ does it depend on?\n\n"
-        "- **a**: only row $i$ of $X$, token $i$'s own embedding\n"
-        "- **b**: every row of $X$\n"
-        "- **c**: only column $i$ of $X$\n\n"
+        "In $Q = X W_Q$, suppose you change only column $j$ of $W_Q$. Which entries of $Q$ change?\n\n"
+        "- **a**: only column $j$ of $Q$: feature $j$ of every token's query\n"
+        "- **b**: every entry of $Q$\n"
+        "- **c**: only row $j$ of $Q$: the query of token $j$\n\n"
         'Set `answer` to `"a"`, `"b"` or `"c"`.'
     ),
     starter='answer = ...  # "a", "b" or "c"',
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
-        "x = ex.x.copy()\n"
-        'x[0] += 1.0  # change the embedding of "the" only\n'
-        "moved = ~np.isclose(x @ ex.w_q, ex.x @ ex.w_q).all(axis=-1)\n"
-        'print("queries that moved:", [tok for tok, m in zip(ex.tokens, moved) if m])\n'
+        "w_q = ex.w_q.copy()\n"
+        "w_q[:, 0] += 1.0  # change column 0 of W_Q only\n"
+        "moved = ~np.isclose(ex.x @ w_q, ex.x @ ex.w_q)  # (T, d_k): which entries of Q moved\n"
+        "print(moved)\n"
         'answer = "a"'
     ),
     answer_name="answer",
-    options={"a": "only row i of X", "b": "every row of X", "c": "only column i of X"},
-    expected=_row_dependence,
+    options={"a": "only column j of Q", "b": "every entry of Q", "c": "only row j of Q"},
+    expected=_column_dependence,
     mistakes={
-        "every_row": Mistake(
+        "everything": Mistake(
             lambda: "b",
-            "the projection mixes the features of one token, never two tokens: "
-            "mixing tokens is attention's job",
+            "entry [t, j] of Q is x_t times column j of W_Q: the other columns of Q are made "
+            "from the other columns of W_Q",
         ),
-        "column": Mistake(
-            lambda: "c", "rows of X are tokens; a column of X is one feature across all tokens"
+        "row": Mistake(
+            lambda: "c",
+            "rows of Q are tokens: a column of W_Q makes one feature of every token's query",
         ),
     },
     explanation=(
-        "Row $i$ of $XW_Q$ is $x_i W_Q$: the projection looks at one token at a time. Tokens first "
-        "meet in the score matrix $QK^\\top$."
+        "Entry $[t, j]$ of $XW_Q$ is $x_t$ times column $j$ of $W_Q$: each column of the weights "
+        "makes one feature of the queries, the same way for every token. Each row of $Q$, in "
+        "turn, depends on one token's embedding only; tokens first meet in the score matrix $QK^\\top$."
     ),
 )
 
-EXERCISES = (qkv_parameter_count, project_queries, row_depends_on)
+EXERCISES = (qkv_parameter_count, project_queries, column_depends_on)
