@@ -611,6 +611,16 @@ def test_an_output_answer_is_probed_for_its_weights():
     assert "your weights are a softmax of scores 2 times the right ones" in doubled.message.lower()
 
 
+def test_the_probe_claims_nothing_when_the_answer_is_not_weights_at_v():
+    exercise = _demo_attention_exercise()
+
+    def shifted_without_softmax(q, k, v):  # not linear in v: the probed weights are not the ones used
+        return (q @ k.T) @ v + 0.1
+
+    message = exercise.check(shifted_without_softmax).message
+    assert "identity" not in message and "hint:" not in message
+
+
 @pytest.mark.parametrize(
     ("ex_id", "probed"),
     [

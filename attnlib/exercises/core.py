@@ -20,11 +20,14 @@ every hint fires.
 When a wrong array matches none of the listed mistakes, the check looks for
 general symptoms before it falls back to "expected ... given ...": the
 transpose of the expected answer, a constant factor (2, sqrt(d_k), T, ...),
-and, for attention weights, a missing softmax, a softmax over the wrong axis,
-weights outside [0, 1] or rows that do not sum to 1 (see :func:`general_hint`).
-An answer that returns an attention output, weights @ v, is probed with the
-identity matrix in place of v, which makes it return the weights it uses.
-Each symptom is only claimed when the expected answer does not show it.
+and, for attention weights, a missing softmax, rows left unnormalised, a
+softmax over the wrong axis, weights outside [0, 1], rows that do not sum to 1,
+or scores off by a constant factor (see :func:`general_hint` and
+:func:`weights_symptom`). An answer that returns an attention output,
+weights @ v, is probed with the identity matrix in place of v, which makes it
+return the weights it uses. Each symptom is only claimed when the expected
+answer does not show it, and a probe only when the answer is linear in v, so
+that the weights it returns are the ones it used.
 
 A check never raises because of the answer: a stub, an exception (``sys.exit()``
 included), a wrong type, shape or dtype, a huge integer, or NaN in the output all
@@ -810,14 +813,18 @@ class FunctionExercise(Exercise):
         factor = _factor_hint(np.asarray(expected), given_array, sizes, rtol)
         if factor is not None and factor[1]:
             return factor[0]
-        probed = self._probed_weights_hint(answer, *probe, sizes)
+        probed = self._probed_weights_hint(answer, *probe, given_array, sizes)
         if probed is not None and probed != HINT_WEIGHTS_RIGHT:
             return probed
         return factor[0] if factor else probed
 
     @staticmethod
-    def _probed_weights_hint(answer, probe_case, expected_weights, sizes):
-        """What the weights the answer returns for v = identity show, or None."""
+    def _probed_weights_hint(answer, probe_case, expected_weights, v, given, sizes):
+        """What the weights the answer returns for v = identity show, or None.
+
+        A symptom is only claimed when those weights times the real ``v`` give the
+        answer's real output ``given``: then they are the weights it used.
+        """
         args, kwargs = probe_case.fresh()
         outcome = call_safely(answer, args, kwargs)
         if outcome.error is not None:
@@ -825,13 +832,22 @@ class FunctionExercise(Exercise):
         weights = as_numeric_array(outcome.value)
         if weights is None or weights.shape != expected_weights.shape or weights.dtype == np.bool_:
             return None
-        if np.allclose(weights.astype(np.float64), expected_weights, rtol=1e-6, atol=1e-9):
+        weights = weights.astype(np.float64)
+        if np.allclose(weights, expected_weights, rtol=1e-6, atol=1e-9):
             return HINT_WEIGHTS_RIGHT
+        with np.errstate(all="ignore"):
+            mixed = weights @ v  # what a function linear in v returns for the real v
+        if (
+            given.shape != mixed.shape
+            or given.dtype == np.bool_
+            or not np.allclose(mixed, given.astype(np.float64), rtol=1e-6, atol=1e-9)
+        ):
+            return None
         symptom = weights_symptom(expected_weights, weights, sizes=sizes)
         return f"{PROBE_INTRO}. {symptom[0].upper()}{symptom[1:]}" if symptom else None
 
     def _weights_probe(self, case, expected):
-        """``(case with v = identity, expected weights)`` when the expected output is ``weights @ v``.
+        """``(case with v = identity, expected weights, v)`` when the expected output is ``weights @ v``.
 
         Tries each array argument of shape ``(..., T_k, d_v)``, last first: with the
         identity matrix in its place, the expected output must be valid attention
@@ -856,7 +872,7 @@ class FunctionExercise(Exercise):
             with np.errstate(all="ignore"):
                 mixed = weights @ v  # (..., T_q, T_k) @ (..., T_k, d_v), or (T_k,) @ (T_k, d_v)
             if mixed.shape == expected.shape and np.allclose(mixed, expected, rtol=1e-9, atol=1e-12):
-                return probe_case, weights.astype(np.float64)
+                return probe_case, weights.astype(np.float64), v
         return None
 
     def _diagnosed(self, case, given, answer):
