@@ -20,8 +20,9 @@ qkv_parameter_count = ValueExercise(
     title="Count the projection weights",
     kind="by hand",
     task=(
-        "A layer the size of one GPT-2 small attention layer has $d_{model} = 768$ and 12 heads, "
-        "each with $d_k = d_v = 64$. Every head has its own $W_Q$, $W_K$ and $W_V$ of shape "
+        f"A layer the size of one GPT-2 small attention layer has $d_{{model}} = {GPT2_SMALL['d_model']}$ "
+        f"and {GPT2_SMALL['n_heads']} heads, each with $d_k = d_v = {GPT2_SMALL['d_head']}$. "
+        "Every head has its own $W_Q$, $W_K$ and $W_V$ of shape "
         "$(d_{model}, d_k)$. How many numbers do the query, key and value weights of all heads "
         "hold together? (Leave out biases and the output projection.)"
     ),
@@ -47,8 +48,10 @@ qkv_parameter_count = ValueExercise(
         ),
     },
     explanation=(
-        "With 12 heads of 64, the heads together are exactly as wide as the model (12 × 64 = 768), "
-        "so the three projections of all heads are three $768 \\times 768$ matrices."
+        f"With {GPT2_SMALL['n_heads']} heads of {GPT2_SMALL['d_head']}, the heads together are exactly "
+        f"as wide as the model ({GPT2_SMALL['n_heads']} × {GPT2_SMALL['d_head']} = "
+        f"{GPT2_SMALL['n_heads'] * GPT2_SMALL['d_head']}), so the three projections of all heads are "
+        f"three ${GPT2_SMALL['d_model']} \\times {GPT2_SMALL['d_model']}$ matrices."
     ),
 )
 
