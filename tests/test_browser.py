@@ -7,6 +7,7 @@ reader would trip over. The page checks themselves are in ``tools/browser.py``.
 """
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,24 @@ def test_the_book_has_at_least_four_interactive_figures_that_step_or_read_out(vi
     reactions = [r for page in PAGES for r in visits(page, WIDTHS["desktop"])["reactions"]]
     assert len({r["id"] for r in reactions}) >= 4
     assert {"frames", "readout"} <= {r["kind"] for r in reactions}
+
+
+LOADING_TAG = re.compile(
+    r"<(?:script|img|iframe|source|video|audio|embed)\b[^>]*\bsrc\s*=\s*[\"']?(https?:)?//"
+    r"|<link\b(?=[^>]*\brel\s*=\s*[\"']?(?:stylesheet|icon|preload|modulepreload|manifest))"
+    r"[^>]*\bhref\s*=\s*[\"']?(https?:)?//"
+    r"|url\(\s*[\"']?(https?:)?//", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_no_page_names_a_script_stylesheet_font_or_image_on_another_host(page):
+    """Also what no click of ours triggers: every src, loading href and CSS url() is local."""
+    found = [m.group(0)[:120] for m in LOADING_TAG.finditer(page.read_text())]
+    assert found == []
+
+
+def test_no_stylesheet_loads_from_another_host():
+    found = [f"{css.name}: {m.group(0)[:80]}" for css in (BOOK / "_static").rglob("*.css")
+             for m in re.finditer(r"url\(\s*[\"']?(https?:)?//[^)]*\)|@import\s+[\"']?(https?:)?//",
+                                  css.read_text(errors="replace"))]
+    assert found == []

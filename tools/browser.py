@@ -133,7 +133,9 @@ class Chromium:
         deadline = time.monotonic() + self.timeout
         while True:  # the blank tab's own load event may come first: wait for this page's
             try:
-                if page.evaluate("document.readyState === 'complete' && location.href", False) == url:
+                # a page may redirect (the book's index.html does): any loaded page but the blank one
+                if page.evaluate("document.readyState === 'complete' && location.href", False) not in (
+                        False, "about:blank"):
                     return page
             except BrowserError:
                 pass  # the page is still being replaced
