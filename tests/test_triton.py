@@ -66,13 +66,16 @@ def _tensors(*arrays, dtype=torch.float32):
 
 @st.composite
 def kernel_problems(draw):
-    """Small shapes around the interpreter's 16 x 16 tiles: ragged edges, T_q != T_k, broadcasting."""
+    """Small shapes around the interpreter's 16 x 16 tiles: ragged edges, T_q != T_k, broadcasting,
+    both causal alignments."""
     batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2)))
     t_q, t_k = draw(st.integers(1, 40)), draw(st.integers(1, 40))
     d_k = draw(st.sampled_from([16, 32, 64, 5]))
     d_v = draw(st.sampled_from([d_k, 8]))
     mask_kind = draw(st.sampled_from(["none", "bool", "additive"]))
-    causal = draw(st.booleans())
+    causal = draw(st.sampled_from([False, "top-left", "bottom-right"]))
+    if causal == "bottom-right" and t_k < t_q:  # bottom-right leaves the first T_q - T_k rows no key
+        t_q, t_k = t_k, t_q
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     q = rng.standard_normal((*batch, t_q, d_k))
     k = rng.standard_normal((*batch[draw(st.integers(0, len(batch))):], t_k, d_k))  # k, v may broadcast
@@ -143,6 +146,120 @@ def test_future_keys_do_not_change_past_outputs(rng):
     k[..., 33:, :], v[..., 33:, :] = rng.standard_normal((2, 7, 16))
     after = attnlib.attention(*_tensors(q, k, v), causal=True, backend="triton")
     torch.testing.assert_close(after[..., :33, :], before[..., :33, :], rtol=0, atol=0)
+
+
+CONFIG_NAMES = [f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}" for c in triton_flash.CUDA_CONFIGS]
+
+
+@pytest.mark.parametrize("config", triton_flash.CUDA_CONFIGS, ids=CONFIG_NAMES)
+@pytest.mark.parametrize("case", ["no mask", "causal top-left", "causal bottom-right", "bool mask"])
+def test_every_autotuned_tile_on_ragged_shapes(config, case, rng):
+    """Each tile shape the GPU autotuner may pick, on lengths that are multiples of none of them."""
+    t_q, t_k = (37, 70) if case != "causal top-left" else (70, 37)
+    q, k, v = (rng.standard_normal((2, t, d)) for t, d in ((t_q, 32), (t_k, 32), (t_k, 16)))
+    causal = {"causal top-left": "top-left", "causal bottom-right": "bottom-right"}.get(case)
+    mask = random_bool_mask(rng, (t_q, t_k)) if case == "bool mask" else None
+    expected = reference_attention(q, k, v, mask=mask, causal=causal or False)
+    tensors = _tensors(q, k, v)
+    mask_t = None if mask is None else torch.from_numpy(mask).to(DEVICE)
+    tile = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
+    if ON_GPU:
+        tile.update(num_warps=config.num_warps, num_stages=config.num_stages)
+    got = triton_flash.forward(*tensors, mask_t, causal, 1 / np.sqrt(32), tile=tile)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("t_q, t_k", [(5, 40), (24, 56), (40, 40), (1, 33)])
+def test_bottom_right_causal_equals_its_explicit_mask(t_q, t_k, rng):
+    q, k, v = (rng.standard_normal((2, 1, t, 16)) for t in (t_q, t_k, t_k))
+    keep = attnlib.causal_mask(t_q, t_k, alignment="bottom-right")  # j <= i + T_k - T_q
+    expected = reference_attention(q, k, v, mask=keep)
+    by_flag = attnlib.attention(*_tensors(q, k, v), causal="bottom-right", backend="triton")
+    by_mask = attnlib.attention(*_tensors(q, k, v), mask=torch.from_numpy(keep).to(DEVICE),
+                                backend="triton")
+    np.testing.assert_allclose(by_flag.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(by_mask.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal, t_q, t_k, first_skipped", [
+    ("top-left", 40, 40, 16),  # query tile 0 (rows 0-15) sees keys 0-15
+    ("bottom-right", 24, 56, 48),  # offset 32: rows 0-15 see keys up to 47
+])
+def test_key_tiles_past_the_diagonal_are_never_loaded(causal, t_q, t_k, first_skipped, rng):
+    """NaN in the values of skipped key tiles cannot reach the first query tile's output.
+
+    Called below attnlib.attention, whose input checks would refuse the NaN: if a skipped
+    tile were loaded and masked instead, 0 * NaN would still make those rows NaN.
+    """
+    q, k, v = _tensors(*(rng.standard_normal((1, 1, t, 16)) for t in (t_q, t_k, t_k)))
+    expected = attnlib.attention(q, k, v, causal=causal, backend="torch")[..., :16, :]
+    v[..., first_skipped:, :] = float("nan")
+    got = triton_flash.forward(q, k, v, None, causal, 0.25, tile=triton_flash.INTERPRETER_TILE)
+    torch.testing.assert_close(got[..., :16, :], expected, rtol=2e-5, atol=2e-5)
+
+
+INT64_PROBE = """
+import os, sys
+import torch
+import attnlib
+from attnlib.backends import triton_flash
+device = sys.argv[1]
+t_q, t_k = 3, 40
+row_stride = 2**30 + 64  # row 2 of the mask starts past 2**31 elements
+storage = torch.empty((t_q - 1) * row_stride + t_k, dtype=torch.bool, device=device)
+mask = storage.as_strided((t_q, t_k), (row_stride, 1))  # about 2 GiB reserved, 120 B written
+gen = torch.Generator().manual_seed(0)
+mask.copy_((torch.rand(t_q, t_k, generator=gen) < 0.5).to(device))
+mask[:, 0] = True
+q, k, v = (torch.randn(t, d, generator=gen).to(device) for t, d in ((t_q, 16), (t_k, 16), (t_k, 8)))
+got = triton_flash.forward(q, k, v, mask, None, 0.25)
+expected = attnlib.attention(q, k, v, mask=mask.contiguous(), scale=0.25, backend="torch")
+print(float((got - expected).abs().max()))
+"""
+
+
+def test_mask_rows_past_two_to_the_31_are_addressed_with_int64_offsets():
+    """A mask whose row i starts at element i * stride_mm >= 2**31: int32 offsets would wrap.
+
+    Run in a child process, because a wrapped offset reads outside the mask and can
+    crash the process rather than raise.
+    """
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0" if ON_GPU else "1"}
+    run = subprocess.run([sys.executable, "-c", INT64_PROBE, DEVICE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, f"the kernel crashed (exit {run.returncode}): {run.stderr[-2000:]}"
+    assert float(run.stdout.split()[-1]) < 1e-5
+
+
+@pytest.mark.skipif(ON_GPU, reason="pre-fills the autotuner's cache instead of timing configs")
+def test_autotune_key_buckets_lengths_to_the_next_power_of_two(monkeypatch, rng):
+    """Lengths in one power-of-two bucket share one tuning; a new bucket would tune again."""
+    tuned = triton_flash._attn_fwd_tuned
+    monkeypatch.setattr(tuned, "cache", {})
+    monkeypatch.setattr(triton_flash, "choose_kernel", lambda jitted, tuned, *args: (tuned, {}))
+    chosen = triton_flash.CUDA_CONFIGS[-1]
+    key_values = {"T_Q_BUCKET": 32, "T_K_BUCKET": 64, "HEAD_DK": 16, "HEAD_DV": 16,
+                  "CAUSAL": False, "MASK_KIND": triton_flash.NO_MASK}
+    cached_key = (*(key_values[name] for name in triton_flash.AUTOTUNE_KEY),
+                  *["torch.float32"] * 6)  # the dtypes of Q, K, V, Mask, Out and Lse
+    tuned.cache[cached_key] = chosen
+    for t_q, t_k in ((17, 33), (30, 64), (32, 50)):  # every one in the (32, 64) bucket
+        q, k, v = _tensors(*(rng.standard_normal((1, t, 16)) for t in (t_q, t_k, t_k)))
+        got = triton_flash.forward(q, k, v, None, None, 0.25)
+        expected = attnlib.attention(q, k, v, backend="torch")
+        torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+    assert list(tuned.cache) == [cached_key], "a length in the same bucket started a new tuning"
+
+
+def test_inputs_that_require_grad_are_refused_rather_than_silently_detached():
+    q = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        attnlib.attention(q, q, q, backend="triton")
+    with torch.no_grad():
+        assert attnlib.attention(q, q, q, backend="triton").shape == (2, 5, 16)
 
 
 def _error_of(call):

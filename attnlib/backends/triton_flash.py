@@ -2,7 +2,9 @@
 
 Algorithm (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism
 and Work Partitioning", which builds on Dao et al. 2022, "FlashAttention: Fast
-and Memory-Efficient Exact Attention with IO-Awareness"):
+and Memory-Efficient Exact Attention with IO-Awareness"), shaped like Triton's
+fused-attention tutorial: an outer kernel, ``_attn_fwd``, and the loop over key
+tiles in a function of its own, ``_attn_fwd_inner``.
 
 Each program owns one tile of ``BLOCK_M`` queries of one (batch, head) and
 keeps it in registers. It streams the keys and values past it ``BLOCK_N`` at a
@@ -12,26 +14,35 @@ time and never writes a score to memory. Per query row it keeps, in fp32:
     l_i   the running sum of 2 ** (score - m_i)
     acc   the running sum of 2 ** (score - m_i) * v_j, shape (BLOCK_M, d_v)
 
-For each key tile: ``qk = (q @ k^T) * scale * log2(e)``;
-``m_new = max(m_i, rowmax(qk))``; ``p = exp2(qk - m_new)``;
-``alpha = exp2(m_i - m_new)``; ``l_i = alpha * l_i + rowsum(p)``;
+For each key tile, with ``qk = q @ k^T`` and ``qk_scale = scale * log2(e)``:
+``m_ij = max(m_i, rowmax(qk) * qk_scale)``; ``p = exp2(qk * qk_scale - m_ij)``
+(the scale and the shift in one fused multiply-add, as in the tutorial);
+``alpha = exp2(m_i - m_ij)``; ``l_i = alpha * l_i + rowsum(p)``;
 ``acc = alpha * acc + p @ v``. After the last tile the program writes
-``acc / l_i``. Folding log2(e) into the scale turns every exp into exp2,
-since ``exp(x) == exp2(x * log2(e))``; exp2 is the instruction the GPU has.
+``acc / l_i`` and, for the backward pass, the log-sum-exp ``m_i + log2(l_i)``
+of every row (in log2 units). Folding log2(e) into the scale turns every exp
+into exp2, since ``exp(x) == exp2(x * log2(e))``; exp2 is the instruction the
+GPU has.
 
-The key tiles are visited in two stages, as in Triton's fused-attention
-tutorial: first the tiles that every query of the tile may see whole, with no
-masking at all, then the tiles that need an element-wise mask (the one that
-crosses the causal diagonal, the ragged last tile when T_k is not a multiple
-of BLOCK_N, and every tile when the caller passes a mask). With ``causal``,
-tiles above the diagonal are never loaded.
+The key tiles are visited in two stages, as in the tutorial: first the tiles
+that every query of the tile may see whole, with no masking at all, then the
+tiles that need an element-wise mask (the ones that cross the causal diagonal,
+the ragged last tile when T_k is not a multiple of BLOCK_N, and every tile when
+the caller passes a mask). With ``causal``, query i sees key j iff
+``j <= i + offset`` (offset 0 for "top-left", ``T_k - T_q`` for
+"bottom-right"), and tiles past the diagonal are never loaded.
 
 Inputs are (B, H, T, d) in fp16, bf16, fp32 or fp64; other ranks are reshaped
 by :func:`forward`. T_q and T_k may differ and need not be multiples of the
 tile sizes; head dimensions up to 128 are padded to a power of two (16, 32, 64
 and 128 need no padding). A mask may be boolean (True = may attend) or
 additive; broadcast over batch and head dimensions, it is read through stride-0
-views, not copied (for inputs with at most two leading dimensions).
+views, not copied (for inputs with at most two leading dimensions). Row offsets
+are int64, so a (T_q, T_k) mask with 2**31 entries or more is addressed
+correctly.
+
+There is no backward kernel yet: on inputs that require grad, :func:`forward`
+raises rather than return an output that silently carries no gradient.
 
 fp32 inputs use exact fp32 products (``input_precision="ieee"``), not TF32, so
 the result matches the other backends to fp32 tolerance; fp64 inputs keep
@@ -47,6 +58,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from ..masks import causal_offset
 
 ARRAY_KIND = "torch"
 
@@ -56,12 +68,12 @@ NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
 
 
 @triton.jit
-def _attend_key_tiles(acc, l_i, m_i, q, K, V, Mask, offs_m, lo, hi, T_q, T_k, qk_scale,
-                      stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                      HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr,
-                      BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-                      UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _attn_fwd_inner(acc, l_i, m_i, q, K, V, Mask, offs_m, lo, hi, T_q, T_k, offset, qk_scale,
+                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+                    HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr,
+                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+                    UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold key tiles ``lo, lo + BLOCK_N, ..., < hi`` into (acc, l_i, m_i) for one query tile."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_dk = tl.arange(0, BLOCK_DK)
@@ -74,50 +86,57 @@ def _attend_key_tiles(acc, l_i, m_i, q, K, V, Mask, offs_m, lo, hi, T_q, T_k, qk
         else:  # a whole tile: only a padded head dimension can be out of range
             k_mask = offs_dk[:, None] < HEAD_DK
             v_mask = offs_dv[None, :] < HEAD_DV
-        # K^T tile (BLOCK_DK, BLOCK_N) and V tile (BLOCK_N, BLOCK_DV); out-of-range entries read as 0
-        k = tl.load(K + offs_dk[:, None] * stride_kd + keys[None, :] * stride_kn, mask=k_mask, other=0.0)
-        v = tl.load(V + keys[:, None] * stride_vn + offs_dv[None, :] * stride_vd, mask=v_mask, other=0.0)
+        # K^T tile (BLOCK_DK, BLOCK_N) and V tile (BLOCK_N, BLOCK_DV); out of range reads 0
+        k = tl.load(K + offs_dk[:, None] * stride_kd + keys[None, :] * stride_kn,
+                    mask=k_mask, other=0.0)
+        v = tl.load(V + keys[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                    mask=v_mask, other=0.0)
         if UPCAST:  # the interpreter has no bf16 arithmetic
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        # (BLOCK_M, BLOCK_DK) @ (BLOCK_DK, BLOCK_N) -> (BLOCK_M, BLOCK_N) scores, in log2 units
-        qk = tl.dot(q, k, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION) * qk_scale
+        # (BLOCK_M, BLOCK_DK) @ (BLOCK_DK, BLOCK_N) -> (BLOCK_M, BLOCK_N), unscaled q . k
+        qk = tl.dot(q, k, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
         if MASKED:
             keep = (keys[None, :] < T_k) & (offs_m[:, None] < T_q)  # (BLOCK_M, BLOCK_N)
             if CAUSAL:
-                keep = keep & (keys[None, :] <= offs_m[:, None])  # key j <= query i
+                keep = keep & (keys[None, :] <= offs_m[:, None] + offset)  # j <= i + offset
             mask_ptrs = Mask + offs_m[:, None] * stride_mm + keys[None, :] * stride_mn
             if MASK_KIND == 1:  # boolean, stored as uint8: nonzero = may attend
                 keep = keep & (tl.load(mask_ptrs, mask=keep, other=0) != 0)
-            qk = tl.where(keep, qk, float("-inf"))
-            if MASK_KIND == 2:  # additive, in natural-log units like the scores before LOG2_E
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))  # scores in log2 units
+            if MASK_KIND == 2:  # additive, in natural-log units like the scores
                 qk += tl.load(mask_ptrs, mask=keep, other=0.0).to(ACC_DTYPE) * 1.4426950408889634
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # a row with no allowed key yet has m_new = -inf; shift it by 0 so exp2(-inf) stays 0, not NaN
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            # a row with no allowed key yet has m_ij = -inf: shift it by 0, so exp2(-inf) = 0
+            shift = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+            qk -= shift[:, None]
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            shift = m_new
-        p = tl.exp2(qk - shift[:, None])  # (BLOCK_M, BLOCK_N), every entry in [0, 1]
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0
+            shift = m_ij
+            qk = qk * qk_scale - m_ij[:, None]  # one FMA: scale, and shift by the row max
+        p = tl.exp2(qk)  # (BLOCK_M, BLOCK_N), every entry in [0, 1]
         alpha = tl.exp2(m_i - shift)  # rescales what was summed under the old maximum
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        # acc += (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV); p in the values' dtype, as FlashAttention does
+        # acc += (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV); p in v's dtype, as FlashAttention does
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+        l_i = l_i * alpha + l_ij
+        m_i = m_ij
     return acc, l_i, m_i
 
 
 @triton.jit
-def _flash_attention_forward(
-    Q, K, V, Mask, Out,
+def _attn_fwd(
+    Q, K, V, Mask, Out, Lse,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_mz, stride_mh, stride_mm, stride_mn,
     stride_oz, stride_oh, stride_om, stride_od,
-    H, T_q, T_k, qk_scale,
-    HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    H, T_q, T_k, offset, qk_scale,
+    T_Q_BUCKET, T_K_BUCKET,  # next powers of two of T_q and T_k: read by the autotuner only
+    HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr,
+    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
     UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -132,13 +151,15 @@ def _flash_attention_forward(
     V += off_z * stride_vz + off_h * stride_vh
     Mask += off_z * stride_mz + off_h * stride_mh
     Out += off_z * stride_oz + off_h * stride_oh
+    Lse += off_hz.to(tl.int64) * T_q
 
     m0 = start_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices of this tile
+    # (BLOCK_M,) query indices of this tile; int64, since offs_m * stride_mm may pass 2**31
+    offs_m = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_dk[None, :] * stride_qd,
-                mask=(offs_m[:, None] < T_q) & (offs_dk[None, :] < HEAD_DK), other=0.0)  # (BLOCK_M, BLOCK_DK)
+                mask=(offs_m[:, None] < T_q) & (offs_dk[None, :] < HEAD_DK), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -146,50 +167,56 @@ def _flash_attention_forward(
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
 
-    if CAUSAL:
-        hi = tl.minimum(T_k, m0 + BLOCK_M)  # keys past the tile's last query: skipped, never loaded
-        n_whole = tl.minimum((m0 + 1) // BLOCK_N, T_k // BLOCK_N) * BLOCK_N  # tiles every query sees whole
+    if CAUSAL:  # query i sees keys j <= i + offset; later key tiles are never loaded
+        hi = tl.minimum(T_k, m0 + BLOCK_M + offset)
+        n_whole = tl.minimum((m0 + offset + 1) // BLOCK_N, T_k // BLOCK_N) * BLOCK_N
     else:
         hi = T_k
         n_whole = (T_k // BLOCK_N) * BLOCK_N  # all but a ragged last tile
     if MASK_KIND != 0:
         n_whole = 0  # a caller's mask is applied to every tile
 
-    # stage 1: whole tiles, no masking
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, K, V, Mask, offs_m, 0, n_whole, T_q, T_k, qk_scale,
-                                      stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                                      HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N,
-                                      False, CAUSAL, MASK_KIND, UPCAST, ACC_DTYPE, DOT_PRECISION)
-    # stage 2: the diagonal tile(s), the ragged last tile, or every tile under a caller's mask
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, K, V, Mask, offs_m, n_whole, hi, T_q, T_k, qk_scale,
-                                      stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                                      HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N,
-                                      True, CAUSAL, MASK_KIND, UPCAST, ACC_DTYPE, DOT_PRECISION)
+    # stage 1: key tiles that every query of the tile sees whole, no masking
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, Mask, offs_m, 0, n_whole,
+                                    T_q, T_k, offset, qk_scale,
+                                    stride_kn, stride_kd, stride_vn, stride_vd,
+                                    stride_mm, stride_mn,
+                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N,
+                                    False, CAUSAL, MASK_KIND, UPCAST, ACC_DTYPE, DOT_PRECISION)
+    # stage 2: the diagonal tile(s), the ragged last tile, or every tile under a mask
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, Mask, offs_m, n_whole, hi,
+                                    T_q, T_k, offset, qk_scale,
+                                    stride_kn, stride_kd, stride_vn, stride_vd,
+                                    stride_mm, stride_mn,
+                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N,
+                                    True, CAUSAL, MASK_KIND, UPCAST, ACC_DTYPE, DOT_PRECISION)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only padding rows (past T_q) can have no key
     out = acc / l_i[:, None]
-    tl.store(Out + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od, out.to(Out.dtype.element_ty),
+    tl.store(Lse + offs_m, m_i + tl.log2(l_i), mask=offs_m < T_q)  # log-sum-exp, log2 units
+    tl.store(Out + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+             out.to(Out.dtype.element_ty),
              mask=(offs_m[:, None] < T_q) & (offs_dv[None, :] < HEAD_DV))
 
 
-# On a GPU: a short list of tile shapes, tuned per (T_q, T_k, head dims, causal, mask kind, dtype).
-_CUDA_CONFIGS = [
+# On a GPU: a short list of tile shapes, tuned per (bucketed T_q and T_k, head dims,
+# causal, mask kind) and dtype. tests/test_triton.py runs each one under the interpreter.
+CUDA_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
 ]
-_flash_attention_forward_tuned = triton.autotune(
-    configs=_CUDA_CONFIGS, key=["T_q", "T_k", "HEAD_DK", "HEAD_DV", "CAUSAL", "MASK_KIND"]
-)(_flash_attention_forward)
-# Small problems on a GPU: one fixed tile; compiling and timing every config would cost more than it saves.
+AUTOTUNE_KEY = ["T_Q_BUCKET", "T_K_BUCKET", "HEAD_DK", "HEAD_DV", "CAUSAL", "MASK_KIND"]
+_attn_fwd_tuned = triton.autotune(configs=CUDA_CONFIGS, key=AUTOTUNE_KEY)(_attn_fwd)
+# Small problems on a GPU: one fixed tile; compiling and timing every config costs more.
 AUTOTUNE_MIN_SCORES = 2**20  # T_q * T_k from which the GPU autotunes
 SMALL_PROBLEM_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-# In the interpreter: one small fixed tile, so that tests at small T still cross several tiles.
+# In the interpreter: one small fixed tile, so that tests at small T still cross tiles.
 INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16}
 
-RUNS_ON_CPU = isinstance(_flash_attention_forward, InterpretedFunction)  # TRITON_INTERPRET=1 at import
+RUNS_ON_CPU = isinstance(_attn_fwd, InterpretedFunction)  # TRITON_INTERPRET=1 at import
 
 
 def _as_4d(x, batch_shape):
@@ -207,8 +234,8 @@ def _as_4d(x, batch_shape):
 def _check_supported(q, k, v):
     if q.device.type != "cuda" and not RUNS_ON_CPU:
         raise RuntimeError(
-            f"the triton backend runs on CUDA tensors (got a tensor on {q.device}); to run it on a CPU, "
-            "set TRITON_INTERPRET=1 before triton is first imported"
+            f"the triton backend runs on CUDA tensors (got a tensor on {q.device}); to run "
+            "it on a CPU, set TRITON_INTERPRET=1 before triton is first imported"
         )
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise TypeError(f"the triton backend computes in float16, bfloat16, float32 or float64, "
@@ -216,70 +243,114 @@ def _check_supported(q, k, v):
     for name, d in (("d_k", q.shape[-1]), ("d_v", v.shape[-1])):
         if d > MAX_HEAD_DIM:
             raise ValueError(
-                f"the triton backend supports head dimensions up to {MAX_HEAD_DIM}, got {name}={d}; "
-                "use backend='sdpa' or 'torch'"
+                f"the triton backend supports head dimensions up to {MAX_HEAD_DIM}, got "
+                f"{name}={d}; use backend='sdpa' or 'torch'"
             )
 
 
-def forward(q, k, v, mask, causal, scale):
+def mask_arguments(mask, batch_shape, t_q, t_k, like):
+    """``(MASK_KIND, mask as (B, H, T_q, T_k) view, its four strides)`` for the kernels.
+
+    With no mask, ``like`` (any tensor) stands in for the pointer, which is never read.
+    """
+    if mask is None:
+        return NO_MASK, like, (0, 0, 0, 0)
+    kind = BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
+    if kind == BOOL_MASK:
+        mask = mask.view(torch.uint8)  # same bytes; triton reads it as 0 / 1
+    mask4 = _as_4d(mask.expand(*mask.shape[:-2], t_q, t_k), batch_shape)
+    return kind, mask4, mask4.stride()
+
+
+def kernel_dtypes(dtype):
+    """``(UPCAST, ACC_DTYPE, DOT_PRECISION)`` for inputs of torch ``dtype``."""
+    exact = dtype in (torch.float32, torch.float64)
+    return (RUNS_ON_CPU and dtype != torch.float64,
+            tl.float64 if dtype == torch.float64 else tl.float32,
+            "ieee" if exact else None)  # fp16/bf16: the default tensor-core path
+
+
+def choose_kernel(jitted, tuned, t_q, t_k, tile):
+    """``(kernel, launch options)``: a fixed tile, or the autotuned kernel on a big GPU problem."""
+    if tile is not None:
+        return jitted, tile
+    if RUNS_ON_CPU:
+        return jitted, INTERPRETER_TILE
+    if t_q * t_k < AUTOTUNE_MIN_SCORES:
+        return jitted, SMALL_PROBLEM_TILE
+    return tuned, {}
+
+
+def padded_head_dim(d):
+    """The tile width for a head dimension: a power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile=None):
+    """Run the forward kernel on (B, H, T, d) views; return ``(out, lse)``.
+
+    ``out`` is (B, H, T_q, d_v) (float32 for bf16 under the interpreter), ``lse``
+    (B, H, T_q), each row's log-sum-exp of its scaled scores in log2 units (the
+    scores times log2(e)), kept for the backward pass.
+    """
+    n_batch, n_heads, t_q, d_k = q4.shape
+    t_k, d_v = k4.shape[2], v4.shape[3]
+    # the interpreter casts fp32 -> bf16 by truncation; there the kernel writes fp32
+    out_dtype = torch.float32 if RUNS_ON_CPU and q4.dtype == torch.bfloat16 else q4.dtype
+    out = torch.empty((n_batch, n_heads, t_q, d_v), dtype=out_dtype, device=q4.device)
+    lse_dtype = torch.float64 if q4.dtype == torch.float64 else torch.float32
+    lse = torch.empty((n_batch, n_heads, t_q), dtype=lse_dtype, device=q4.device)
+    if out.numel() == 0:  # no query or no (batch, head): nothing to launch
+        return out, lse
+    mask_kind, mask4, mask_strides = mask_arguments(mask, batch_shape, t_q, t_k, like=q4)
+    kernel, options = choose_kernel(_attn_fwd, _attn_fwd_tuned, t_q, t_k, tile)
+    upcast, acc_dtype, dot_precision = kernel_dtypes(q4.dtype)
+
+    def grid(meta):
+        return (triton.cdiv(t_q, meta["BLOCK_M"]), n_batch * n_heads)
+
+    kernel[grid](
+        q4, k4, v4, mask4, out, lse,
+        *q4.stride(), *k4.stride(), *v4.stride(), *mask_strides, *out.stride(),
+        n_heads, t_q, t_k, causal_offset(t_q, t_k, causal) if causal else 0, scale * LOG2_E,
+        triton.next_power_of_2(t_q), triton.next_power_of_2(t_k),
+        HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=padded_head_dim(d_k), BLOCK_DV=padded_head_dim(d_v),
+        CAUSAL=bool(causal), MASK_KIND=mask_kind,
+        UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
+        **options,
+    )
+    return out, lse
+
+
+def forward(q, k, v, mask, causal, scale, *, tile=None):
     """FlashAttention-2 forward on validated torch tensors (..., T, d); the backend entry point.
 
     Parameters
     ----------
     q : tensor, shape (..., T_q, d_k); k : (..., T_k, d_k); v : (..., T_k, d_v)
         fp16, bf16, fp32 or fp64, on CUDA (or on CPU under TRITON_INTERPRET=1).
+        None of them may require grad (there is no backward kernel yet).
     mask : tensor or None
         Broadcastable to (..., T_q, T_k): boolean (True = may attend) or additive float.
-    causal : bool
-        Query i attends to keys j <= i (top-left aligned).
+    causal : None, "top-left" or "bottom-right"
+        Query i attends to keys j <= i + offset (offset 0, or T_k - T_q).
     scale : float
+    tile : dict, optional
+        ``{"BLOCK_M": ..., "BLOCK_N": ...}``: run this tile instead of the default
+        choice (the tests use it to run every autotuned configuration).
 
     Returns
     -------
     tensor, shape (..., T_q, d_v), the dtype and device of q.
     """
     _check_supported(q, k, v)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise RuntimeError(
+            "the triton backend has no backward pass yet, so its output would carry no "
+            "gradient: use backend='torch' or 'sdpa' for inputs that require grad, or "
+            "call it under torch.no_grad()"
+        )
     batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    t_q, t_k, d_k, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     q4, k4, v4 = (_as_4d(x, batch_shape) for x in (q, k, v))
-    n_batch, n_heads = q4.shape[:2]
-    interpreted = RUNS_ON_CPU
-    # the interpreter casts fp32 -> bf16 by truncation; there the kernel writes fp32 and torch rounds
-    out_dtype = torch.float32 if interpreted and q.dtype == torch.bfloat16 else q.dtype
-    out = torch.empty((n_batch, n_heads, t_q, d_v), dtype=out_dtype, device=q.device)
-    if out.numel() == 0:  # no query or no (batch, head): nothing to launch
-        return out.to(q.dtype).reshape(*batch_shape, t_q, d_v)
-
-    if mask is None:
-        mask_kind, mask4, mask_strides = NO_MASK, q4, (0, 0, 0, 0)  # never read
-    else:
-        mask_kind = BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
-        if mask_kind == BOOL_MASK:
-            mask = mask.view(torch.uint8)  # same bytes; triton reads it as 0 / 1
-        mask4 = _as_4d(mask.expand(*mask.shape[:-2], t_q, t_k), batch_shape)
-        mask_strides = mask4.stride()
-
-    if interpreted:
-        kernel, tile = _flash_attention_forward, INTERPRETER_TILE
-    elif t_q * t_k < AUTOTUNE_MIN_SCORES:
-        kernel, tile = _flash_attention_forward, SMALL_PROBLEM_TILE
-    else:
-        kernel, tile = _flash_attention_forward_tuned, {}
-
-    def grid(meta):
-        return (triton.cdiv(t_q, meta["BLOCK_M"]), n_batch * n_heads)
-
-    exact = q.dtype in (torch.float32, torch.float64)
-    kernel[grid](
-        q4, k4, v4, mask4, out,
-        *q4.stride(), *k4.stride(), *v4.stride(), *mask_strides, *out.stride(),
-        n_heads, t_q, t_k, scale * LOG2_E,
-        HEAD_DK=d_k, HEAD_DV=d_v,
-        BLOCK_DK=max(16, triton.next_power_of_2(d_k)), BLOCK_DV=max(16, triton.next_power_of_2(d_v)),
-        CAUSAL=bool(causal), MASK_KIND=mask_kind,
-        UPCAST=interpreted and q.dtype != torch.float64,
-        ACC_DTYPE=tl.float64 if q.dtype == torch.float64 else tl.float32,
-        DOT_PRECISION="ieee" if exact else None,  # fp16/bf16: the default tensor-core path
-        **tile,
-    )
-    return out.to(q.dtype).reshape(*batch_shape, t_q, d_v)
+    out, _ = forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile)
+    return out.to(q.dtype).reshape(*batch_shape, q.shape[-2], v.shape[-1])
