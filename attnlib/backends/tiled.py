@@ -84,7 +84,7 @@ def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None):
 
 
 def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
-    """Output rows ``i0 : i0 + n_q`` by online softmax over blocks of keys.
+    """Output rows ``i0 : i0 + n_q`` by online softmax over blocks of keys, and their log-sum-exp.
 
     Parameters
     ----------
@@ -101,6 +101,11 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
     causal : None, "top-left" or "bottom-right"
     t_q : int
         The number of queries in the whole sequence, for "bottom-right".
+
+    Returns
+    -------
+    The output rows, shape (..., n_q, d_v), and each row's log-sum-exp of its
+    scores ``m_i + log(l_i)``, shape (..., n_q), which the backward pass uses.
     """
     n_q, t_k = q_blk.shape[-2], k.shape[-2]
     m_i = np.full(q_blk.shape[:-1], -np.inf, dtype=q_blk.dtype)  # running max of each row's scores
@@ -128,7 +133,7 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
         acc *= alpha[..., None]
         acc += p @ v[..., j0:j1, :]  # (n_q, n_k) @ (n_k, d_v) -> (n_q, d_v)
         m_i = m_new
-    return acc / l_i[..., None]  # (n_q, d_v)
+    return acc / l_i[..., None], m_i + np.log(l_i)  # (n_q, d_v), (n_q,)
 
 
 def _default_workers():
@@ -158,7 +163,7 @@ def _one_blas_thread():
     return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
-def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None):
+def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None, return_lse=False):
     """Tiled attention on validated NumPy inputs; the backend entry point.
 
     Parameters
@@ -173,6 +178,9 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
         less than ``INLINE_FLOPS`` of work, the tasks run in this thread and the
         matrix-product library keeps its own threads. The threads live in a pool
         kept between calls, so a small call pays no start-up.
+    return_lse : bool
+        Also return each query row's log-sum-exp (the backward pass recomputes the
+        weights from it), shape (..., T_q), in the compute dtype.
 
     Returns
     -------
@@ -193,18 +201,22 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
     if mask is not None:
         mask = np.broadcast_to(mask, (*batch_shape, t_q, t_k))  # a view: no (T_q, T_k) copy
     output = np.empty((*batch_shape, t_q, v.shape[-1]), dtype=q.dtype)
+    lse = np.empty((*batch_shape, t_q), dtype=compute) if return_lse else None
 
     def run(task):
         b, i0 = task  # b: a batch index tuple (or (...,) for all of it), i0: the block's first query
         rows = (*b, slice(i0, min(i0 + block_size, t_q)), slice(None))
         mask_rows = None if mask is None else mask[rows]
-        output[rows] = _attend_query_block(q_scaled[rows], k[b], v[b], mask_rows, i0, causal, t_q, block_size)
+        output[rows], lse_rows = _attend_query_block(q_scaled[rows], k[b], v[b], mask_rows, i0, causal, t_q,
+                                                     block_size)
+        if lse is not None:
+            lse[rows[:-1]] = lse_rows
 
     flops = 2 * int(np.prod(batch_shape)) * t_q * t_k * (q.shape[-1] + v.shape[-1])
     if flops < INLINE_FLOPS:  # small: every (batch, head) at once, in this thread
         for i0 in range(0, t_q, block_size):
             run(((...,), i0))
-        return output
+        return (output, lse) if return_lse else output
     tasks = [(b, i0) for b in np.ndindex(*batch_shape) for i0 in range(0, t_q, block_size)]
     workers = min(workers or _default_workers(), len(tasks))
     if workers <= 1:
@@ -213,7 +225,7 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
     else:
         with _one_blas_thread():
             list(_pool(workers).map(run, tasks))  # list() re-raises any task's exception here
-    return output
+    return (output, lse) if return_lse else output
 
 
 def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=BLOCK_SIZE, workers=None):
