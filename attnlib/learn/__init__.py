@@ -1,0 +1,18 @@
+"""Attention that learns: small models trained on CPU in seconds (chapter 7).
+
+One idea per file; import the one you need (this package imports nothing, so
+``import attnlib`` stays free of torch):
+
+- :mod:`.coreference`: Task 1's sentences ("... because it was too tired / wide"),
+  split by held-out (noun, adjective) pairs;
+- :mod:`.reversal`: Task 2's digit sequences (reverse them, name each left neighbour);
+- :mod:`.layers`: a trainable multi-head attention layer and a pointer head, both
+  computing with :func:`attnlib.multi_head_attention` and
+  :func:`attnlib.attention_weights` on torch tensors;
+- :mod:`.model`: embeddings + positions + layers, read out by a linear layer
+  (:class:`~.model.AttentionClassifier`) or by pointing
+  (:class:`~.model.AttentionPointer`);
+- :mod:`.training`: one training step and a seeded, single-threaded loop;
+- :mod:`.recipes`: the book's models, their sizes, steps and seeds, and
+  :func:`~.recipes.trained_coreference_model`, the trained Task 1 model.
+"""

@@ -1,0 +1,86 @@
+"""The two trainable pieces the models stack: an attention layer and a pointer head.
+
+Both hold their weights as ``torch.nn.Parameter`` and compute with attnlib's
+own functions on torch tensors, so gradients flow through the same code the
+earlier chapters run on NumPy arrays.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from ..attention import attention_weights
+from ..multi_head import multi_head_attention, split_heads
+from ..projections import project_qkv
+from ..scores import score_matrix
+
+
+def _weight(d_in, d_out, generator):
+    """A (d_in, d_out) parameter with normal entries of standard deviation 1/sqrt(d_in)."""
+    return nn.Parameter(torch.randn(d_in, d_out, generator=generator) / math.sqrt(d_in))
+
+
+class AttentionLayer(nn.Module):
+    """Multi-head self-attention with a residual connection: ``x + MHA(x)``.
+
+    Parameters
+    ----------
+    d_model : int
+        Width of the token vectors.
+    n_heads : int
+        Heads; each works in ``d_model / n_heads`` dimensions.
+    generator : torch.Generator
+        Draws the initial weights: normal entries with standard deviation
+        ``1 / sqrt(d_model)``, as :class:`attnlib.SelfAttention` uses.
+
+    ``w_q``, ``w_k``, ``w_v``, ``w_o`` are the arguments of
+    :func:`attnlib.multi_head_attention`, held as trainable parameters.
+    """
+
+    def __init__(self, d_model, n_heads, generator):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
+        self.n_heads = n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (_weight(d_model, d_model, generator) for _ in range(4))
+
+    def forward(self, x):
+        """(B, T, d_model) -> (B, T, d_model)."""
+        mixed = multi_head_attention(x, self.w_q, self.w_k, self.w_v, self.w_o, self.n_heads,
+                                     backend="torch")  # (B, T, d_model)
+        return x + mixed
+
+    def weights(self, x):
+        """Every head's attention matrix for input ``x``: (B, T, d_model) -> (B, H, T, T)."""
+        q, k, _ = project_qkv(x, self.w_q, self.w_k, self.w_v)  # (B, T, d_model) each
+        q, k = split_heads(q, self.n_heads), split_heads(k, self.n_heads)  # (B, H, T, d_head)
+        return attention_weights(q, k)  # (B, H, T, T)
+
+
+class PointerHead(nn.Module):
+    """One head that answers by pointing: its attention weights *are* the prediction.
+
+    Query i's scores ``q_i . k_j / sqrt(d_k)`` over the keys j are the logits of
+    "the answer for token i is token j"; their softmax is the head's attention
+    row. No values and no output projection: the weights are the output, as in
+    pointer networks (Vinyals, Fortunato and Jaitly, 2015).
+
+    Parameters
+    ----------
+    d_model, d_k : int
+    generator : torch.Generator
+    """
+
+    def __init__(self, d_model, d_k, generator):
+        super().__init__()
+        self.w_q, self.w_k = _weight(d_model, d_k, generator), _weight(d_model, d_k, generator)
+
+    def scores(self, x):
+        """Scaled scores, the pointer's logits: (B, T, d_model) -> (B, T, T)."""
+        q, k = x @ self.w_q, x @ self.w_k  # (B, T, d_k) each
+        return score_matrix(q, k) / math.sqrt(self.w_q.shape[1])  # (B, T, T)
+
+    def weights(self, x):
+        """The head's attention matrix: (B, T, d_model) -> (B, 1, T, T), one head."""
+        return attention_weights(x @ self.w_q, x @ self.w_k)[:, None]  # (B, 1, T, T)
