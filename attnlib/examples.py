@@ -1,23 +1,21 @@
 """The book's running examples, defined once so every chapter uses the same numbers.
 
 ``THE_CAT_SAT``
-    "the cat sat": three tokens with the 4-dimensional embeddings and the
-    query, key and value rows of the self-attention primer (source document
-    ``000``). The primer gives X, Q, K and V but not the weight matrices, so
-    W_Q, W_K and W_V here are the minimum-norm solutions of ``X @ W = Q`` (and
-    likewise for K and V): one of many weight matrices that produce exactly the
-    primer's rows.
+    "the cat sat": three tokens with hand-picked 4-dimensional embeddings X and
+    query, key and value rows Q, K and V. The weight matrices W_Q, W_K and W_V
+    are the minimum-norm solutions of ``X @ W = Q`` (and likewise for K and V):
+    one of many weight matrices that produce exactly these rows.
 
-``PRIMER_SOFTMAX_SCORES``
-    The score row [2, 4, 6] the primer uses to illustrate softmax. It does not
-    follow from the primer's own Q and K rows, so the book uses it only as a
-    labelled softmax illustration.
+``SOFTMAX_ILLUSTRATION_SCORES``
+    A made-up score row, [2, 4, 6], with ``SOFTMAX_ILLUSTRATION_D_K = 4``: a plain
+    illustration of softmax, not computed from any Q and K.
 
 ``ANIMAL_SENTENCE``
     "The animal didn't cross the street because it was too tired.", the
-    coreference example (source document ``004``): "it" should attend to
-    "animal". :func:`animal_sentence_embeddings` gives it seeded *random*
-    (untrained) embeddings, so any pattern in its attention is chance.
+    coreference example: "it" should attend to "animal".
+    :func:`animal_sentence_embeddings` gives it seeded *random* (untrained)
+    embeddings, so any pattern in its attention is chance; chapter 7 trains a
+    model whose "it" does look at the right noun.
 """
 
 from dataclasses import dataclass
@@ -74,8 +72,8 @@ def _the_cat_sat():
 
 THE_CAT_SAT = _the_cat_sat()
 
-PRIMER_SOFTMAX_SCORES = np.array([2.0, 4.0, 6.0])
-PRIMER_SOFTMAX_D_K = 4
+SOFTMAX_ILLUSTRATION_SCORES = np.array([2.0, 4.0, 6.0])
+SOFTMAX_ILLUSTRATION_D_K = 4
 
 ANIMAL_SENTENCE = (
     "The", "animal", "didn't", "cross", "the", "street", "because", "it", "was", "too", "tired", ".",

@@ -5,7 +5,7 @@ import attnlib
 from attnlib import examples
 
 
-def test_the_cat_sat_weights_reproduce_the_primer_rows():
+def test_the_cat_sat_weights_reproduce_its_q_k_v_rows():
     ex = examples.THE_CAT_SAT
     assert ex.tokens == ("the", "cat", "sat") and ex.x.shape == (3, 4)
     q, k, v = attnlib.project_qkv(ex.x, ex.w_q, ex.w_k, ex.w_v)
@@ -15,10 +15,10 @@ def test_the_cat_sat_weights_reproduce_the_primer_rows():
     np.testing.assert_array_equal(ex.v[ex.index("sat")], [0.7, 0.2, 0.4, 0.8])
 
 
-def test_the_primer_score_row_is_not_what_its_own_rows_give():
+def test_the_softmax_illustration_row_is_not_a_row_of_the_running_example():
     ex = examples.THE_CAT_SAT
-    cat_row = attnlib.score_matrix(ex.q, ex.k)[ex.index("cat")]
-    assert not np.allclose(cat_row, examples.PRIMER_SOFTMAX_SCORES)
+    scores = attnlib.score_matrix(ex.q, ex.k)
+    assert not any(np.allclose(row, examples.SOFTMAX_ILLUSTRATION_SCORES) for row in scores)
 
 
 def test_animal_sentence_has_its_twelve_tokens_and_seeded_embeddings():

@@ -12,7 +12,7 @@ def test_softmax_matches_the_textbook_formula_on_small_inputs():
     np.testing.assert_allclose(attnlib.softmax(x), expected, rtol=1e-14)
 
 
-def test_primer_walkthrough_two_four_six_scaled_by_two():
+def test_two_four_six_scaled_by_two():
     weights = attnlib.softmax(np.array([2, 4, 6]) / np.sqrt(4))
     np.testing.assert_allclose(weights, [0.09, 0.24, 0.67], atol=0.005)
 
