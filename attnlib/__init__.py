@@ -7,6 +7,7 @@ The public API, each in a file of its own:
 - :func:`score_matrix` (``scores.py``)
 - :func:`causal_mask` (``masks.py``)
 - :func:`attention_weights`, :func:`attention`, :func:`backends` (``attention.py``)
+- :func:`attention_backward`, :func:`backward_backends` (``backward.py``)
 - :func:`multi_head_attention` (``multi_head.py``)
 - :class:`SelfAttention` (``self_attention.py``)
 - :func:`device` (``device.py``)
@@ -15,6 +16,7 @@ The public API, each in a file of its own:
 
 from . import errors, examples
 from .attention import attention, attention_weights, backends
+from .backward import attention_backward, backward_backends
 from .device import device
 from .masks import causal_mask
 from .multi_head import merge_heads, multi_head_attention, split_heads
@@ -28,8 +30,10 @@ __version__ = "0.1.0"
 __all__ = [
     "SelfAttention",
     "attention",
+    "attention_backward",
     "attention_weights",
     "backends",
+    "backward_backends",
     "causal_mask",
     "device",
     "errors",

@@ -7,6 +7,10 @@ variable is then put back as it was, and switched on again only while this
 module's tests run (the ``interpreter`` fixture): other test modules in the same
 pytest-xdist worker keep seeing ``attnlib.backends()`` as they would alone.
 The interpreter is slow, so the shapes here are small.
+
+The backward kernels (attnlib.backends.triton_backward) are tested here too, against
+torch autograd in float64: through ``attention(...).backward()`` and through
+``attention_backward(..., backend="triton")``.
 """
 
 import importlib.util
@@ -23,7 +27,7 @@ ON_GPU = torch.cuda.is_available()
 _SAVED_INTERPRET = os.environ.get("TRITON_INTERPRET")
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
-from attnlib.backends import triton_flash  # noqa: E402  (the kernel is defined here)
+from attnlib.backends import triton_backward, triton_flash  # noqa: E402  (the kernels are defined here)
 
 if _SAVED_INTERPRET is None:
     os.environ.pop("TRITON_INTERPRET", None)
@@ -254,12 +258,143 @@ def test_autotune_key_buckets_lengths_to_the_next_power_of_two(monkeypatch, rng)
     assert list(tuned.cache) == [cached_key], "a length in the same bucket started a new tuning"
 
 
-def test_inputs_that_require_grad_are_refused_rather_than_silently_detached():
-    q = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no backward pass"):
-        attnlib.attention(q, q, q, backend="triton")
-    with torch.no_grad():
-        assert attnlib.attention(q, q, q, backend="triton").shape == (2, 5, 16)
+# The backward kernels -----------------------------------------------------------------
+
+
+def autograd_grads(q, k, v, d_out, mask=None, causal=False):
+    """(dq, dk, dv) from torch autograd through the float64 matrix form (the torch backend)."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.double()
+    attnlib.attention(q, k, v, mask=mask, causal=causal, backend="torch").backward(d_out.double())
+    return q.grad, k.grad, v.grad
+
+
+def backward_problem(rng, t_q, t_k, dtype, mask_kind=None, d=16):
+    """q (2, 2, T_q, d); k and v shared by the batch; d_out; a mask leaving every query key 0."""
+    q, k, v, d_out = _tensors(rng.standard_normal((2, 2, t_q, d)), rng.standard_normal((2, t_k, d)),
+                              rng.standard_normal((1, 2, t_k, 8)), rng.standard_normal((2, 2, t_q, 8)),
+                              dtype=dtype)
+    mask = None
+    if mask_kind is not None:
+        keep = random_bool_mask(rng, (t_q, t_k))
+        mask = keep if mask_kind == "bool" else np.where(keep, rng.uniform(-2, 2, keep.shape), -np.inf)
+        mask = torch.from_numpy(mask).to(DEVICE, torch.bool if mask_kind == "bool" else dtype)
+    return q, k, v, d_out, mask
+
+
+GRAD_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("causal, t_q, t_k", [
+    (False, 21, 37), (False, 37, 21), ("top-left", 37, 21), ("top-left", 21, 37),
+    ("bottom-right", 21, 37), ("bottom-right", 33, 33),
+])
+@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
+def test_backward_through_autograd_matches_torch_autograd(dtype, causal, t_q, t_k, mask_kind, rng):
+    q, k, v, d_out, mask = backward_problem(rng, t_q, t_k, dtype, mask_kind)
+    expected = autograd_grads(q, k, v, d_out, mask, causal)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = attnlib.attention(*leaves, mask=mask, causal=causal, backend="triton")
+    assert out.grad_fn is not None
+    out.backward(d_out)
+    tolerance = GRAD_TOLERANCE[dtype]
+    for name, leaf, e in zip(("dq", "dk", "dv"), leaves, expected):
+        assert leaf.grad.shape == leaf.shape and leaf.grad.dtype == dtype, name
+        torch.testing.assert_close(leaf.grad.double(), e, rtol=tolerance, atol=tolerance, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_attention_backward_with_the_triton_backend_matches_autograd(dtype, rng):
+    q, k, v, d_out, mask = backward_problem(rng, 19, 34, dtype, "bool")
+    expected = autograd_grads(q, k, v, d_out, mask, "bottom-right")
+    got = attnlib.attention_backward(q, k, v, d_out, mask=mask, causal="bottom-right", backend="triton")
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.double(), e, rtol=GRAD_TOLERANCE[dtype], atol=GRAD_TOLERANCE[dtype])
+
+
+DKDV_NAMES = [f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}" for c in triton_backward.DKDV_CONFIGS]
+
+
+@pytest.mark.parametrize("config_index", range(len(triton_backward.DKDV_CONFIGS)), ids=DKDV_NAMES)
+@pytest.mark.parametrize("causal, t_q, t_k", [(None, 70, 37), ("top-left", 70, 37),
+                                              ("top-left", 37, 150), ("bottom-right", 37, 150)])
+def test_every_autotuned_backward_tile_on_ragged_shapes(config_index, causal, t_q, t_k, rng):
+    """Each (dK/dV tile, dQ tile) pair the GPU autotuner may pick, on lengths none divides."""
+    tiles = {}
+    for name, configs in (("dkdv", triton_backward.DKDV_CONFIGS), ("dq", triton_backward.DQ_CONFIGS)):
+        config = configs[config_index]
+        tiles[name] = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
+        if ON_GPU:
+            tiles[name].update(num_warps=config.num_warps, num_stages=config.num_stages)
+    q, k, v, d_out = _tensors(*(rng.standard_normal((2, t, d)) for t, d in
+                                ((t_q, 32), (t_k, 32), (t_k, 16), (t_q, 16))), dtype=torch.float64)
+    expected = autograd_grads(q, k, v, d_out, causal=causal or False)
+    got = triton_backward.backward(q, k, v, d_out, None, causal, 1 / np.sqrt(32), tiles=tiles)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the NaN rows themselves warn, on purpose
+@pytest.mark.parametrize("causal, t_q, t_k, cut", [("top-left", 40, 40, 16), ("bottom-right", 24, 56, 48)])
+def test_backward_kernels_never_load_tiles_past_the_diagonal(causal, t_q, t_k, cut, rng):
+    """NaN where a skipped tile would read it cannot reach the gradients that do not depend on it.
+
+    dQ of queries 0-15 needs no key from ``cut`` on: NaN in those keys and values must stay
+    out of it. dK and dV of keys from ``cut`` on need no query of tile 0 (rows 0-15): NaN in
+    those queries and their dO must stay out of them. Called below the input checks.
+    """
+    q, k, v, d_out = _tensors(*(rng.standard_normal((1, 1, t, 16)) for t in (t_q, t_k, t_k, t_q)))
+    expected = autograd_grads(q, k, v, d_out, causal=causal)
+    tiles = {"dkdv": triton_flash.INTERPRETER_TILE, "dq": triton_flash.INTERPRETER_TILE}
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan[..., cut:, :] = v_nan[..., cut:, :] = float("nan")
+    dq, _, _ = triton_backward.backward(q, k_nan, v_nan, d_out, None, causal, 0.25, tiles=tiles)
+    torch.testing.assert_close(dq[..., :16, :].double(), expected[0][..., :16, :], rtol=2e-5, atol=2e-5)
+    q_nan, d_out_nan = q.clone(), d_out.clone()
+    q_nan[..., :16, :] = d_out_nan[..., :16, :] = float("nan")
+    _, dk, dv = triton_backward.backward(q_nan, k, v, d_out_nan, None, causal, 0.25, tiles=tiles)
+    first_key = cut if causal == "top-left" else 16 + t_k - t_q  # keys query 15 cannot see
+    for g, e in ((dk, expected[1]), (dv, expected[2])):
+        torch.testing.assert_close(g[..., first_key:, :].double(), e[..., first_key:, :], rtol=2e-5,
+                                   atol=2e-5)
+
+
+def test_sum_backward_with_a_stride_zero_upstream_gradient(rng):
+    """``out.sum().backward()`` hands the kernel an expanded, stride-0 d_out."""
+    q, k, v, _, _ = backward_problem(rng, 20, 20, torch.float32)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    attnlib.attention(*leaves, causal=True, backend="triton").sum().backward()
+    expected = autograd_grads(q, k, v, torch.ones(2, 2, 20, 8, device=DEVICE), causal=True)
+    for leaf, e in zip(leaves, expected):
+        torch.testing.assert_close(leaf.grad.double(), e, rtol=2e-5, atol=2e-5)
+
+
+def test_only_the_inputs_that_require_grad_get_one(rng):
+    q, k, v, d_out, _ = backward_problem(rng, 9, 12, torch.float32)
+    k = k.clone().requires_grad_()
+    attnlib.attention(q, k, v, backend="triton").backward(d_out)
+    torch.testing.assert_close(k.grad.double(), autograd_grads(q, k, v, d_out)[1], rtol=2e-5, atol=2e-5)
+    assert q.grad is None and v.grad is None
+
+
+def test_a_mask_that_requires_grad_is_refused():
+    q = torch.randn(5, 16, device=DEVICE, requires_grad=True)
+    mask = torch.zeros(5, 5, device=DEVICE, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no gradient for a mask"):
+        attnlib.attention(q, q, q, mask=mask, backend="triton")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gradients_are_as_close_as_the_torch_backends(dtype, rng):
+    q, k, v, d_out = _tensors(*(rng.standard_normal((2, 2, 40, 64)) for _ in range(4)), dtype=dtype)
+    exact = attnlib.attention_backward(*(x.double() for x in (q, k, v, d_out)), causal=True)
+    math_grads = attnlib.attention_backward(q, k, v, d_out, causal=True, backend="torch")
+    got = attnlib.attention_backward(q, k, v, d_out, causal=True, backend="triton")
+    for g, m, e in zip(got, math_grads, exact):
+        assert g.dtype == dtype
+        assert (g.double() - e).abs().max() <= 2 * (m.double() - e).abs().max() + 1e-6
 
 
 def _error_of(call):

@@ -41,8 +41,9 @@ views, not copied (for inputs with at most two leading dimensions). Row offsets
 are int64, so a (T_q, T_k) mask with 2**31 entries or more is addressed
 correctly.
 
-There is no backward kernel yet: on inputs that require grad, :func:`forward`
-raises rather than return an output that silently carries no gradient.
+On inputs that require grad, :func:`forward` runs through
+:class:`attnlib.backends.triton_backward.FlashAttention`, whose backward pass is
+made of Triton kernels too; the result then supports ``.backward()``.
 
 fp32 inputs use exact fp32 products (``input_precision="ieee"``), not TF32, so
 the result matches the other backends to fp32 tolerance; fp64 inputs keep
@@ -270,14 +271,14 @@ def kernel_dtypes(dtype):
             "ieee" if exact else None)  # fp16/bf16: the default tensor-core path
 
 
-def choose_kernel(jitted, tuned, t_q, t_k, tile):
+def choose_kernel(jitted, tuned, t_q, t_k, tile, small_tile=SMALL_PROBLEM_TILE):
     """``(kernel, launch options)``: a fixed tile, or the autotuned kernel on a big GPU problem."""
     if tile is not None:
         return jitted, tile
     if RUNS_ON_CPU:
         return jitted, INTERPRETER_TILE
     if t_q * t_k < AUTOTUNE_MIN_SCORES:
-        return jitted, SMALL_PROBLEM_TILE
+        return jitted, small_tile
     return tuned, {}
 
 
@@ -329,7 +330,7 @@ def forward(q, k, v, mask, causal, scale, *, tile=None):
     ----------
     q : tensor, shape (..., T_q, d_k); k : (..., T_k, d_k); v : (..., T_k, d_v)
         fp16, bf16, fp32 or fp64, on CUDA (or on CPU under TRITON_INTERPRET=1).
-        None of them may require grad (there is no backward kernel yet).
+        If any of them requires grad, the result supports ``.backward()``.
     mask : tensor or None
         Broadcastable to (..., T_q, T_k): boolean (True = may attend) or additive float.
     causal : None, "top-left" or "bottom-right"
@@ -345,11 +346,9 @@ def forward(q, k, v, mask, causal, scale, *, tile=None):
     """
     _check_supported(q, k, v)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise RuntimeError(
-            "the triton backend has no backward pass yet, so its output would carry no "
-            "gradient: use backend='torch' or 'sdpa' for inputs that require grad, or "
-            "call it under torch.no_grad()"
-        )
+        from .triton_backward import FlashAttention  # the backward kernels, for autograd
+
+        return FlashAttention.apply(q, k, v, mask, causal, scale, tile)
     batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q4, k4, v4 = (_as_4d(x, batch_shape) for x in (q, k, v))
     out, _ = forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile)
