@@ -137,8 +137,8 @@ def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, b
 def _check_finite_grads(grads, dtype, kind):
     """Raise NonFiniteError when a gradient of finite, validated inputs holds NaN or inf."""
     for name, grad in zip(("dq", "dk", "dv"), grads):
-        finite = bool(torch_module().isfinite(grad).all()) if kind == "torch" else bool(np.isfinite(grad).all())
-        if not finite:
+        finite = torch_module().isfinite(grad).all() if kind == "torch" else np.isfinite(grad).all()
+        if not bool(finite):
             raise NonFiniteError(
                 f"attention_backward got finite inputs but {name} is not finite in "
                 f"{dtype_name(dtype)}: the scores q . k * scale, or products with d_out, overflow "

@@ -198,7 +198,8 @@ def test_bad_inputs_raise_the_errors_attention_raises(case):
 
 
 @pytest.mark.parametrize("d_out, error, words", [
-    (np.zeros((5, 4)), errors.ShapeError, "d_out has shape (5, 4) but the output of attention has shape (5, 3)"),
+    (np.zeros((5, 4)), errors.ShapeError,
+     "d_out has shape (5, 4) but the output of attention has shape (5, 3)"),
     (np.zeros((2, 5, 3)), errors.ShapeError, "d_out has shape (2, 5, 3)"),
     (np.zeros((5, 3), dtype=np.float32), errors.DTypeError, "d_out is float32 but q, k and v are float64"),
     (np.zeros((5, 3), dtype=int), errors.DTypeError, "d_out must be a floating-point array"),
