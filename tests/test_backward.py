@@ -253,3 +253,60 @@ def test_tiled_backward_needs_under_a_thirtieth_of_the_matrix_forms_memory():
     tiled = peak_numpy(lambda: tiled_backward.backward(q, k, v, d_out, None, None, 0.25, block_size=256))
     assert matrix > 2 * 4096**2 * 4  # at least two (T, T) float32 arrays at once
     assert tiled * 30 < matrix, (tiled, matrix)
+
+
+# The bench: --direction fwd | bwd | fwd+bwd ----------------------------------------
+
+
+def test_backward_flops_are_two_and_a_half_times_the_forwards():
+    from attnlib.bench import flops
+
+    for causal in (False, True):
+        forward = flops.attention_flops(2, 4, 256, 64, causal)
+        assert flops.attention_backward_flops(2, 4, 256, 64, causal) == 2.5 * forward
+        assert flops.direction_flops("fwd+bwd", 2, 4, 256, 64, causal) == 3.5 * forward
+        assert flops.direction_flops("fwd", 2, 4, 256, 64, causal) == forward
+    with pytest.raises(ValueError, match="direction must be one of"):
+        flops.direction_flops("backward", 1, 1, 2, 3)
+
+
+@pytest.mark.parametrize("kernel", ["numpy", "tiled", "torch", "sdpa-math"])
+@pytest.mark.parametrize("direction", ["bwd", "fwd+bwd"])
+def test_bench_backward_calls_compute_the_gradients(kernel, direction):
+    from attnlib.bench import kernels
+
+    kind = kernels.array_kind(kernel)
+    q, k, v = kernels.make_inputs(kind, 1, 2, 24, 8, "float64", "cpu")
+    d_out = kernels.upstream_gradient(q)
+    expected = autograd_reference(*(np.asarray(x) for x in (q, k, v, d_out)), causal=True)
+    call = kernels.make_call(kernel, q, k, v, True, direction=direction)
+    with kernels.pinned(kernel):
+        first, second = call(), call()  # a "bwd" call can run again: the graph is kept
+    got = first[1] if kernel == "numpy" and direction == "fwd+bwd" else first
+    for g, e, again in zip(got, expected, second if got is first else second[1]):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(np.asarray(again), np.asarray(g))
+
+
+def test_bench_rows_record_the_direction_and_a_kernel_without_a_backward_is_unsupported():
+    from attnlib.bench import sweep
+
+    fast = sweep.Settings(device="cpu", warmup=1, warmup_s=0.0, min_repeats=1, max_repeats=2,
+                          budget_s=0.01, measure_memory=False)
+    row = sweep.run_config(sweep.Config("tiled", 1, 2, 32, 16, "float32", False, "bwd"), fast, "cpu")
+    assert row["status"] == "ok" and row["direction"] == "bwd"
+    assert row["flops"] == 10 * 2 * 32**2 * 16
+    loop = sweep.run_config(sweep.Config("loop", 1, 2, 32, 16, "float32", False, "fwd+bwd"), fast, "cpu")
+    assert loop["status"] == "unsupported" and "no backward pass" in loop["message"]
+
+
+def test_bench_command_line_times_the_backward(capsys):
+    from attnlib.bench import cli
+
+    code = cli.main(["--device", "cpu", "--direction", "fwd+bwd", "--kernels", "numpy,tiled",
+                     "-T", "32", "64", "-H", "1", "--warmup-s", "0", "--budget", "0.01",
+                     "--min-repeats", "1", "--max-repeats", "2", "--no-memory", "--no-progress",
+                     "--reference", "numpy"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "direction fwd+bwd" in printed and "causal=False fwd+bwd: time / numpy time" in printed

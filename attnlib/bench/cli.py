@@ -9,6 +9,7 @@ import sys
 
 from .. import device as default_device
 from . import devices, kernels, report, sweep
+from .flops import DIRECTIONS
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -21,6 +22,7 @@ DEFAULTS = {
     "head_dims": [64],
     "dtypes": ["float32"],
     "causal": "off",
+    "direction": "fwd",
     "tf32": "off",
     "timer": "auto",
     "warmup": 2,
@@ -92,6 +94,11 @@ def build_parser():
                       help=f"dtypes, from {', '.join(DTYPES)} (default: float32)")
     what.add_argument("--causal", choices=sorted(CAUSAL_MODES),
                       help="causal mask off, on, or both (default: off)")
+    what.add_argument("--direction", choices=DIRECTIONS,
+                      help="what one timed call does: fwd, the forward pass; bwd, the backward pass "
+                           "alone (torch kernels through torch.autograd, after one untimed forward); "
+                           "fwd+bwd, both. FLOPs count 2.5x the forward's for the backward "
+                           "(default: fwd)")
     what.add_argument("--loop-max-t", type=int, metavar="T",
                       help=f"largest T for the token-by-token 'loop' kernel, which is slow "
                            f"(default: {DEFAULTS['loop_max_t']})")
@@ -185,12 +192,14 @@ def main(argv=None):
         chosen, options["seq_lens"], batch=options["batch"], heads=options["heads"],
         head_dims=options["head_dims"], dtypes=options["dtypes"],
         causal_modes=CAUSAL_MODES[options["causal"]], max_t={"loop": options["loop_max_t"]},
+        direction=options["direction"],
     )
     stamp = report.make_stamp(device=device, device_name=devices.device_name(device), tf32=settings.tf32,
                               dtypes=options["dtypes"], command=report.command_line(argv),
                               threads=threads)
     print(f"# {stamp['device_name']} | torch {stamp['torch_version']} | TF32 {options['tf32']} | "
-          f"threads {threads or 'default'} | load average {stamp['load_average']} | "
+          f"threads {threads or 'default'} | direction {options['direction']} | "
+          f"load average {stamp['load_average']} | "
           f"{len(configs)} rows | {stamp['date_utc']}")
     rows = sweep.run_sweep(configs, settings, progress=not args.no_progress)
     print(report.format_rows(rows))
@@ -198,7 +207,8 @@ def main(argv=None):
         if any(r["kernel"] == options["reference"] and r["status"] == "ok" for r in group_rows):
             first = group_rows[0]
             print(f"\nB={first['B']} H={first['H']} d={first['d']} {first['dtype']} "
-                  f"causal={first['causal']}: " + report.format_ratio_table(group_rows, options["reference"]))
+                  f"causal={first['causal']} {first['direction']}: "
+                  + report.format_ratio_table(group_rows, options["reference"]))
     warning = report.format_flags(rows)
     if warning:
         print("\n" + warning)

@@ -1,4 +1,4 @@
-"""How much work one attention forward pass does, and how many bytes it must move.
+"""How much work one attention forward (and backward) pass does, and how many bytes it must move.
 
 All counts are for one forward pass of attention on q, k, v of shape
 (B, H, T, d): B sequences, H heads, T tokens, head dimension d (d_k = d_v = d).
@@ -16,6 +16,13 @@ needed. This is the convention of the FlashAttention papers and of Triton's
 fused-attention benchmark, so achieved FLOP/s here can be compared with theirs.
 The softmax (a max, an exp, a sum and a division per score) is left out, as
 it is there: it is O(T^2), not O(T^2 d).
+
+The backward pass (see :mod:`attnlib.backends.tiled_backward`) does four
+products of the same size, ``dV = P^T dO``, ``dP = dO V^T``, ``dQ = dS K`` and
+``dK = dS^T Q``, where the forward does two, and a FlashAttention-style
+backward also recomputes ``S = Q K^T`` from the saved log-sum-exp: five in
+all, 2.5 times the forward's FLOPs (the convention of FlashAttention-2 and of
+Triton's tutorial benchmark; :func:`attention_backward_flops`).
 
 Bytes
 -----
@@ -37,6 +44,32 @@ def attention_flops(B, H, T, d, causal=False):
     """
     full = 4 * B * H * T * T * d  # two (T, T, d) matmuls, 2 FLOPs per multiply-add
     return full // 2 if causal else full
+
+
+BACKWARD_OVER_FORWARD = 2.5  # 5 products of size (T, T, d) against the forward's 2
+
+
+def attention_backward_flops(B, H, T, d, causal=False):
+    """Backward-pass FLOPs: ``2.5 *`` :func:`attention_flops` (``10 * B * H * T**2 * d``).
+
+    >>> attention_backward_flops(1, 1, 2, 3)
+    120
+    >>> attention_backward_flops(1, 1, 2, 3, causal=True)
+    60
+    """
+    return attention_flops(B, H, T, d, causal) * 5 // 2  # exactly BACKWARD_OVER_FORWARD times
+
+
+DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
+
+
+def direction_flops(direction, B, H, T, d, causal=False):
+    """FLOPs of one call in ``direction``: the forward, the backward, or both."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    forward = attention_flops(B, H, T, d, causal) if direction != "bwd" else 0
+    backward = attention_backward_flops(B, H, T, d, causal) if direction != "fwd" else 0
+    return forward + backward
 
 
 def fused_bytes(B, H, T, d, itemsize, block_q=None):

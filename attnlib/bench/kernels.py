@@ -96,17 +96,76 @@ def make_inputs(kind, B, H, T, d, dtype, device, seed=0):
     )
 
 
-def make_call(kernel, q, k, v, causal, threads=None):
-    """A function of no arguments that runs one forward pass of ``kernel``.
+def make_call(kernel, q, k, v, causal, threads=None, direction="fwd"):
+    """A function of no arguments that runs one forward pass of ``kernel`` (or its backward).
 
     Uses the default scale ``1 / sqrt(d)`` and no mask other than ``causal``.
     ``threads`` caps the tiled backend's worker threads, as ``--threads`` caps
     torch's and the BLAS libraries'. For a pinned SDPA kernel, call it inside
-    :func:`pinned`.
+    :func:`pinned`. ``direction`` "bwd" or "fwd+bwd": see :func:`make_backward_call`.
     """
+    if direction != "fwd":
+        return make_backward_call(kernel, q, k, v, causal, threads, direction)
     forward = backend_module(backend_of(kernel)).forward
     scale = 1.0 / float(np.sqrt(q.shape[-1]))
     causal = "top-left" if causal else None
     if kernel == "tiled":
         return lambda: forward(q, k, v, None, causal, scale, workers=threads)
     return lambda: forward(q, k, v, None, causal, scale)
+
+
+def upstream_gradient(out_like, seed=1):
+    """A seeded standard-normal ``d_out``, the gradient a backward pass starts from."""
+    if isinstance(out_like, np.ndarray):
+        return np.random.default_rng(seed).standard_normal(out_like.shape).astype(out_like.dtype)
+    import torch
+
+    generator = torch.Generator(device=out_like.device).manual_seed(seed)
+    return torch.randn(out_like.shape, generator=generator, device=out_like.device, dtype=out_like.dtype)
+
+
+def make_backward_call(kernel, q, k, v, causal, threads=None, direction="bwd"):
+    """A function of no arguments that runs the backward pass of ``kernel``, alone or after its forward.
+
+    - NumPy kernels call their backward from :mod:`attnlib.backward`: ``numpy`` recomputes
+      the weights from q and k; for "bwd", ``tiled`` starts from the output and
+      log-sum-exp of a forward run here, once, before timing.
+    - torch kernels (``torch``, each pinned ``sdpa-*``, ``triton``) run through
+      ``torch.autograd``, what training does: for "bwd" the forward runs here, once
+      (pinned), and each call is ``torch.autograd.grad(out, (q, k, v), d_out,
+      retain_graph=True)``; for "fwd+bwd" each call runs both.
+
+    A kernel without a backward pass (``loop``) raises NotImplementedError, which the
+    sweep records as "unsupported".
+    """
+    from ..backward import backward_function
+
+    name = backend_of(kernel)
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
+    causal = "top-left" if causal else None
+    try:
+        backward, kind = backward_function(name)
+    except ValueError:
+        raise NotImplementedError(f"backend {name!r} has no backward pass") from None
+    forward = backend_module(name).forward
+    d_out = upstream_gradient(q)  # the output's shape, (B, H, T, d), since d_v = d_k here
+    if kind == "numpy":
+        if direction == "fwd+bwd":
+            if name == "tiled":  # computes the output and log-sum-exp, then the gradients
+                return lambda: backward(q, k, v, d_out, None, causal, scale, workers=threads)
+            return lambda: (forward(q, k, v, None, causal, scale),
+                            backward(q, k, v, d_out, None, causal, scale))
+        if name == "tiled":
+            from ..backends.tiled import forward as tiled_forward
+
+            out, lse = tiled_forward(q, k, v, None, causal, scale, workers=threads, return_lse=True)
+            return lambda: backward(q, k, v, d_out, None, causal, scale, out=out, lse=lse, workers=threads)
+        return lambda: backward(q, k, v, d_out, None, causal, scale)
+    import torch
+
+    leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+    if direction == "fwd+bwd":
+        return lambda: torch.autograd.grad(forward(*leaves, None, causal, scale), leaves, d_out)
+    with pinned(kernel), torch.enable_grad():
+        out = forward(*leaves, None, causal, scale)
+    return lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True)

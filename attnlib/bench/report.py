@@ -31,6 +31,7 @@ ROW_COLUMNS = {
     "T": int,
     "d": int,
     "causal": bool,
+    "direction": str,  # "fwd", "bwd" or "fwd+bwd"
     "status": str,  # "ok", "unsupported", "out of memory" or "error"
     "message": str,  # why, when status is not "ok"; None otherwise
     "time_ms": float,  # median of the timed calls
@@ -41,7 +42,7 @@ ROW_COLUMNS = {
     "repeats": int,
     "warmup": int,
     "timer": str,  # "perf_counter", "cuda-events" or "do_bench"
-    "flops": int,  # 4 * B * H * T**2 * d, halved when causal
+    "flops": int,  # 4 * B * H * T**2 * d, halved when causal; 2.5x that for bwd, 3.5x for fwd+bwd
     "tflop_per_s": float,  # flops / median time, in 10**12 per second
     "peak_tflop_per_s": float,  # the device's dense fp16/bf16 peak, when known
     "fraction_of_peak": float,  # tflop_per_s / peak_tflop_per_s
@@ -52,7 +53,7 @@ ROW_COLUMNS = {
 }
 
 # Columns added after files were first committed: a file without them reads as None.
-OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average")
+OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average", "direction")
 
 NOISY_IQR_OVER_MEDIAN = 0.2  # a row whose IQR is more than this fraction of its median is flagged
 
@@ -180,11 +181,14 @@ def read_results(path):
 
 
 def _group_key(row):
-    return (row["B"], row["H"], row["d"], row["dtype"], row["causal"])
+    return (row["B"], row["H"], row["d"], row["dtype"], row.get("direction"), row["causal"])
 
 
 def split_groups(rows):
-    """``{(B, H, d, dtype, causal): rows}``: rows that differ only in kernel and T."""
+    """``{(B, H, d, dtype, direction, causal): rows}``: rows that differ only in kernel and T.
+
+    ``direction`` is None in files written before the bench timed backward passes.
+    """
     groups = {}
     for row in rows:
         groups.setdefault(_group_key(row), []).append(row)

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 
 from . import devices, kernels, memory, report, timing
-from .flops import ITEMSIZE, attention_flops
+from .flops import ITEMSIZE, direction_flops
 from .report import ROW_COLUMNS
 
 
@@ -31,6 +31,7 @@ class Config:
     d: int  # head dimension (d_k = d_v)
     dtype: str  # "float32", "float16", "bfloat16" or "float64"
     causal: bool
+    direction: str = "fwd"  # "fwd", "bwd" or "fwd+bwd" (see kernels.make_backward_call)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Settings:
 
 
 def build_configs(kernel_names, seq_lens, *, batch=1, heads=8, head_dims=(64,), dtypes=("float32",),
-                  causal_modes=(False,), max_t=None):
+                  causal_modes=(False,), max_t=None, direction="fwd"):
     """Every combination, grouped so that kernels sharing inputs run one after another.
 
     ``max_t`` maps a kernel name to the largest T it runs at (``{"loop": 512}``):
@@ -63,7 +64,8 @@ def build_configs(kernel_names, seq_lens, *, batch=1, heads=8, head_dims=(64,), 
     for dtype, d, causal, T in itertools.product(dtypes, head_dims, causal_modes, sorted(seq_lens)):
         for kernel in kernel_names:
             if T <= max_t.get(kernel, T):
-                configs.append(Config(kernel, int(batch), int(heads), int(T), int(d), dtype, bool(causal)))
+                configs.append(Config(kernel, int(batch), int(heads), int(T), int(d), dtype, bool(causal),
+                                      direction))
     return configs
 
 
@@ -161,8 +163,8 @@ def _empty_row(config, settings, device_name):
     row = dict.fromkeys(ROW_COLUMNS)
     row.update(kernel=config.kernel, backend=kernels.backend_of(config.kernel), device=settings.device,
                device_name=device_name, dtype=config.dtype, tf32=settings.tf32, B=config.B, H=config.H,
-               T=config.T, d=config.d, causal=config.causal, status="ok",
-               flops=attention_flops(config.B, config.H, config.T, config.d, config.causal))
+               T=config.T, d=config.d, causal=config.causal, direction=config.direction, status="ok",
+               flops=direction_flops(config.direction, config.B, config.H, config.T, config.d, config.causal))
     if settings.device == "cuda":
         peak = devices.peak_flops(device_name, config.dtype, settings.peak_tflops)
         row["peak_tflop_per_s"] = None if peak is None else peak / 1e12
@@ -183,7 +185,8 @@ def run_config(config, settings, device_name, inputs=None):
             if inputs is None:
                 inputs = kernels.make_inputs(kind, config.B, config.H, config.T, config.d, config.dtype,
                                              settings.device)
-            fn = kernels.make_call(config.kernel, *inputs, config.causal, threads=settings.threads)
+            fn = kernels.make_call(config.kernel, *inputs, config.causal, threads=settings.threads,
+                                   direction=config.direction)
             with kernels.pinned(config.kernel):
                 result = _time(fn, settings)
                 if settings.measure_memory:
