@@ -31,6 +31,7 @@ CHAPTERS = {
     6: "06_matrix_form",
     8: "08_timing_on_gpu",
     9: "09_without_the_matrix",
+    10: "10_backward_pass",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (

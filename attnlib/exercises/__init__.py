@@ -11,7 +11,7 @@ True
 Four kinds of exercise: *by hand* (a number worked out on paper), *implement*
 (a function), *find the bug* (a short function with one classic mistake) and
 *predict* (an answer given before computing). Each chapter's file
-(``ch1_qkv.py`` ... ``ch9_without_the_matrix.py``) holds its exercises, their
+(``ch1_qkv.py`` ... ``ch10_backward.py``) holds its exercises, their
 solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
@@ -26,6 +26,7 @@ from . import (
     ch6_matrix_form,
     ch8_timing,
     ch9_without_the_matrix,
+    ch10_backward,
 )
 from .core import KINDS, Exercise, Result
 
@@ -38,6 +39,7 @@ _CHAPTERS = (
     ch6_matrix_form,
     ch8_timing,
     ch9_without_the_matrix,
+    ch10_backward,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}
 assert len(_REGISTRY) == sum(len(chapter.EXERCISES) for chapter in _CHAPTERS), "duplicate exercise ids"
