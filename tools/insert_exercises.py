@@ -29,6 +29,7 @@ CHAPTERS = {
     4: "04_scale_and_softmax",
     5: "05_weighted_sum",
     6: "06_matrix_form",
+    7: "07_attention_that_learns",
     8: "08_timing_on_gpu",
     9: "09_without_the_matrix",
     10: "10_backward_pass",

@@ -46,6 +46,7 @@ TEMPLATES = (
 )
 SENTENCE_LENGTH = 12
 IT_POSITION = 7  # "it" is token 7 in both templates
+NOUN_POSITIONS = (1, 5)  # the two nouns, in either order
 ADJECTIVE_POSITION = 10
 BOOK_PAIRS = (("animal", "tired"), ("street", "wide"))  # always held out
 VOCAB = tuple(sorted(  # token id -> word: the templates' fixed words, every noun and adjective

@@ -47,8 +47,8 @@ class AttentionLayer(nn.Module):
 
     def forward(self, x):
         """(B, T, d_model) -> (B, T, d_model)."""
-        mixed = multi_head_attention(x, self.w_q, self.w_k, self.w_v, self.w_o, self.n_heads,
-                                     backend="torch")  # (B, T, d_model)
+        weights = (self.w_q, self.w_k, self.w_v, self.w_o)  # (d_model, d_model) each
+        mixed = multi_head_attention(x, *weights, self.n_heads, backend="torch")  # (B, T, d_model)
         return x + mixed
 
     def weights(self, x):

@@ -38,7 +38,7 @@ def word_reader_model(recipe=WORD_READER):
 
 
 def train_coreference(data, model, recipe=COREFERENCE, *, words=False, log=None):
-    """Train ``model`` on ``data.train``, scoring it on ``data.test`` as it goes; a History.
+    """Train ``model`` on ``data.train``, scoring it on ``data.test`` every 25 steps; a History.
 
     ``words=True`` trains on the referents' token ids (for :func:`word_reader_model`)
     instead of their positions.
@@ -49,7 +49,7 @@ def train_coreference(data, model, recipe=COREFERENCE, *, words=False, log=None)
                                    else (data.train.targets, data.test.targets))
     return train(model, batches_from(data.train.tokens, train_targets, recipe["batch_size"]),
                  steps=recipe["steps"], lr=recipe["lr"], seed=recipe["seed"],
-                 evaluate=lambda m: accuracy(m, data.test.tokens, test_targets), log=log)
+                 evaluate=lambda m: accuracy(m, data.test.tokens, test_targets), eval_every=25, log=log)
 
 
 @functools.cache
@@ -74,10 +74,10 @@ def reversal_model(recipe=REVERSAL):
 
 
 def train_reversal(model, test_tokens, test_targets, recipe=REVERSAL, log=None):
-    """Train ``model`` on fresh random sequences every step, scoring it on a fixed test set."""
+    """Train ``model`` on fresh random sequences every step, scoring it on a test set every 25 steps."""
     from .reversal import random_sequences
     from .training import accuracy, train
 
     return train(model, lambda generator: random_sequences(recipe["batch_size"], generator),
                  steps=recipe["steps"], lr=recipe["lr"], seed=recipe["seed"],
-                 evaluate=lambda m: accuracy(m, test_tokens, test_targets), log=log)
+                 evaluate=lambda m: accuracy(m, test_tokens, test_targets), eval_every=25, log=log)
