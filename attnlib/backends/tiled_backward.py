@@ -68,7 +68,7 @@ def _key_block_grads(q_scaled, k_blk, v_blk, d_out, lse, delta, mask, d_q, j0, t
     d_v = np.zeros(v_blk.shape, dtype=q_scaled.dtype)  # (n_k, d_v)
     for i0, i1, on_diagonal in query_blocks(j0, n_k, t_q, t_k, block_size, causal):
         rows = slice(i0, i1)
-        s = q_scaled[..., rows, :] @ k_blk.swapaxes(-2, -1)  # (n_q, d_k) @ (d_k, n_k) -> (n_q, n_k)
+        s = q_scaled[..., rows, :] @ k_blk.swapaxes(-2, -1)  # (n_q, d_k) @ (d_k, n_k)
         if on_diagonal:  # drop keys j > i + offset
             future = np.arange(j0, j0 + n_k) > np.arange(i0 + offset, i1 + offset)[:, None]
             np.copyto(s, -np.inf, where=future)
@@ -77,10 +77,12 @@ def _key_block_grads(q_scaled, k_blk, v_blk, d_out, lse, delta, mask, d_q, j0, t
                 np.copyto(s, -np.inf, where=~mask[..., rows, keys])  # True = may attend
             else:
                 s += mask[..., rows, keys]  # additive: 0 keeps, -inf drops
-        p = np.exp(np.subtract(s, lse[..., rows, None], out=s), out=s)  # the forward's weights, in place
+        # P = exp(S - lse), the forward's weights, computed in place over the scores
+        p = np.exp(np.subtract(s, lse[..., rows, None], out=s), out=s)  # (n_q, n_k)
         d_v += p.swapaxes(-2, -1) @ d_out[..., rows, :]  # (n_k, n_q) @ (n_q, d_v)
         d_p = d_out[..., rows, :] @ v_blk.swapaxes(-2, -1)  # (n_q, d_v) @ (d_v, n_k)
-        d_s = np.multiply(p, np.subtract(d_p, delta[..., rows, None], out=d_p), out=d_p)  # in place
+        # dS = P * (dP - delta), in place over dP
+        d_s = np.multiply(p, np.subtract(d_p, delta[..., rows, None], out=d_p), out=d_p)
         d_q[..., rows, :] += scale * (d_s @ k_blk)  # (n_q, n_k) @ (n_k, d_k)
         d_k += d_s.swapaxes(-2, -1) @ q_scaled[..., rows, :]  # (n_k, n_q) @ (n_q, d_k)
     return d_k, d_v
@@ -102,7 +104,7 @@ def _grads(q_scaled, k, v, d_out, lse, delta, mask, causal, scale, block_size):
 
 def backward(q, k, v, d_out, mask, causal, scale, *, out=None, lse=None, block_size=BLOCK_SIZE,
              workers=None):
-    """Gradients of attention on validated NumPy inputs, block by block; the backward entry point.
+    """Gradients of attention on validated NumPy inputs, block by block; the entry point.
 
     Parameters
     ----------
@@ -131,7 +133,8 @@ def backward(q, k, v, d_out, mask, causal, scale, *, out=None, lse=None, block_s
     batch_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     t_q, t_k = q.shape[-2], k.shape[-2]
     # O(T * d) copies and views, never (T_q, T_k)
-    q_scaled = np.broadcast_to(q.astype(compute) * compute.type(scale), (*batch_shape, t_q, q.shape[-1]))
+    q_scaled = q.astype(compute) * compute.type(scale)
+    q_scaled = np.broadcast_to(q_scaled, (*batch_shape, t_q, q.shape[-1]))
     k, v = (np.broadcast_to(x.astype(compute, copy=False), (*batch_shape, t_k, x.shape[-1]))
             for x in (k, v))
     d_out = d_out.astype(compute, copy=False)

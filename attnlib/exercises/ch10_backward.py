@@ -5,7 +5,8 @@ by-hand exercise leaves the output of "sat" out of the loss and asks for dV of
 "sat", a number no page prints. Expected values come from
 :func:`attnlib.attention_backward` when the check runs. The score-gradient
 exercise gets its expected dS from it too: with k the identity matrix and
-scale 1, the scores are q itself and ``dQ = dS K = dS``.
+scale 1, the scores are q itself and ``dQ = dS K = dS`` (see
+``_score_gradient_expected``).
 """
 
 import numpy as np
@@ -204,23 +205,19 @@ fix_rowsum = FunctionExercise(
 # Implement: dS from P, dP and O -------------------------------------------------------
 
 
-def _score_problems():
-    """``{description: (scores, v, d_out, causal)}``: what each hidden case's P, dP, O, dO come from."""
+def _score_gradient_cases():
     rng = np.random.default_rng(1002)
     ex = THE_CAT_SAT
-    return {
-        '"the cat sat": P, dP, O of the running example with dO all ones':
-            (ex.q @ ex.k.T / np.sqrt(ex.d_k), ex.v, np.ones_like(ex.v), False),
-        "4 queries, 6 keys, d_v=3, a random dO":
-            (rng.normal(size=(4, 6)), rng.normal(size=(6, 3)), rng.normal(size=(4, 3)), False),
-        "a causal mask: 5 queries and 5 keys, zeros above the diagonal of P":
-            (rng.normal(size=(5, 5)), rng.normal(size=(5, 2)), rng.normal(size=(5, 2)), True),
-    }
-
-
-def _score_gradient_cases():
+    problems = [  # (description, scores, v, d_out, causal)
+        ('"the cat sat": P, dP, O of the running example with dO all ones',
+         ex.q @ ex.k.T / np.sqrt(ex.d_k), ex.v, np.ones_like(ex.v), False),
+        ("4 queries, 6 keys, d_v=3, a random dO",
+         rng.normal(size=(4, 6)), rng.normal(size=(6, 3)), rng.normal(size=(4, 3)), False),
+        ("a causal mask: 5 queries and 5 keys, zeros above the diagonal of P",
+         rng.normal(size=(5, 5)), rng.normal(size=(5, 2)), rng.normal(size=(5, 2)), True),
+    ]
     cases = []
-    for description, (scores, v, d_out, causal) in _score_problems().items():
+    for description, scores, v, d_out, causal in problems:
         identity = np.eye(scores.shape[-1])  # q = scores, k = I, scale 1: the scores are q itself
         p = attention_weights(scores, identity, causal=causal, scale=1.0)  # (T_q, T_k)
         cases.append(Case(description, (p, d_out @ v.T, p @ v, d_out)))
@@ -228,10 +225,18 @@ def _score_gradient_cases():
 
 
 def _score_gradient_expected(case):
-    """dS from attnlib.attention_backward: with k = I and scale 1, dQ = dS K = dS."""
-    scores, v, d_out, causal = _score_problems()[case.description]
-    identity = np.eye(scores.shape[-1])
-    return attention_backward(scores, identity, v, d_out, causal=causal, scale=1.0)[0]
+    """dS from attnlib.attention_backward, given only P and dP.
+
+    With q = log P (the scores up to a constant per row, which the softmax ignores), k = I
+    and scale 1, the scores are q itself and dQ = dS K = dS. With v = I and d_out = dP,
+    attention_backward's dP is dP, and its rowsum(d_out * out) is rowsum(dP * P) = p^T dp,
+    which equals rowsum(dO * O).
+    """
+    p, d_p = (np.asarray(x, dtype=np.float64) for x in case.args[:2])
+    allowed = p > 0  # masked keys have weight exactly 0
+    scores = np.log(np.where(allowed, p, 1.0))
+    identity = np.eye(p.shape[-1])
+    return attention_backward(scores, identity, identity, d_p, mask=allowed, scale=1.0)[0]
 
 
 def _score_gradient_with(delta_of, times_p=True):
