@@ -13,7 +13,7 @@ from attnlib.exercises import check, get  # noqa: E402
 from attnlib.exercises import ch7_learning  # noqa: E402
 from attnlib.learn import coreference, recipes, reversal, training  # noqa: E402
 from attnlib.learn.layers import AttentionLayer, PointerHead  # noqa: E402
-from attnlib.learn.model import AttentionClassifier, AttentionPointer  # noqa: E402
+from attnlib.learn.model import AttentionClassifier  # noqa: E402
 from attnlib.multi_head import merge_heads, split_heads  # noqa: E402
 
 

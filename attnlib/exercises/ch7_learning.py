@@ -245,7 +245,7 @@ BIGGER = dict(COREFERENCE, d_model=64, n_heads=4, n_layers=2)  # the model the e
 
 
 def _parameters(drop=(), extra=0):
-    """Parameters of the pointer model built with :data:`BIGGER`, without the named tensors, plus ``extra``."""
+    """Parameters of the pointer model :data:`BIGGER`, less the named tensors, plus ``extra``."""
     from ..learn.recipes import coreference_model
 
     named = dict(coreference_model(BIGGER).named_parameters())

@@ -120,7 +120,8 @@ def all_sentences():
     """Every (sentence, animal, place, adjective) the two templates make: 2 * 16 * 16 * 24."""
     adjectives = ANIMAL_ADJECTIVES + PLACE_ADJECTIVES
     for template, animal, place, adjective in itertools.product(TEMPLATES, ANIMALS, PLACES, adjectives):
-        yield template.format(animal=animal, place=place, adjective=adjective).split(), animal, place, adjective
+        sentence = template.format(animal=animal, place=place, adjective=adjective).split()
+        yield sentence, animal, place, adjective
 
 
 def make_coreference_data(held_out_fraction=0.2, seed=0):
