@@ -17,7 +17,7 @@ from .backends.numpy_matrix import masked_scores
 from .errors import NonFiniteError
 from .masks import causal_alignment
 from .softmax import stable_softmax
-from .validation import check_backend, check_mask, check_qkv, check_scale
+from .validation import check_backend, check_mask, check_qkv, check_scale, dtype_name
 
 _BACKEND_MODULES = {
     "numpy": "attnlib.backends.numpy_matrix",
@@ -128,11 +128,6 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
         out = out.numpy()
     check_scores_fit("attention", out, q.dtype, kind)
     return out
-
-
-def dtype_name(dtype):
-    """``float32`` for both ``np.float32`` and ``torch.float32``."""
-    return str(dtype).removeprefix("torch.")
 
 
 def check_scores_fit(what, result, dtype, kind):

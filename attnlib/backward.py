@@ -26,10 +26,18 @@ import importlib
 import numpy as np
 
 from .arrays import array_kind, as_arrays, is_tensor, torch_module
-from .attention import _to_backend_kind, backend_module, backends, dtype_name
+from .attention import _to_backend_kind, backend_module, backends
 from .errors import DTypeError, NonFiniteError, ShapeError
 from .masks import causal_alignment
-from .validation import check_backend, check_finite, check_float, check_mask, check_qkv, check_scale
+from .validation import (
+    check_backend,
+    check_finite,
+    check_float,
+    check_mask,
+    check_qkv,
+    check_scale,
+    dtype_name,
+)
 
 _BACKWARD = {  # backend -> (module, function): backward(q, k, v, d_out, mask, causal, scale)
     "numpy": ("attnlib.backends.numpy_backward", "backward"),

@@ -229,9 +229,9 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
         converted = _mask_in_dtype(mask, kind, dtype)
         if _has_nan_or_posinf(converted, kind):
             raise MaskError(
-                f"float mask (shape {_shape(mask)}, dtype {_dtype_name(mask.dtype)}) holds a value "
-                f"too large for {_dtype_name(dtype)}, the dtype of q, k and v, so it becomes +inf there; keep mask "
-                "values within that dtype's range"
+                f"float mask (shape {_shape(mask)}, dtype {dtype_name(mask.dtype)}) holds a value "
+                f"too large for {dtype_name(dtype)}, the dtype of q, k and v, so it becomes +inf "
+                "there; keep mask values within that dtype's range"
             )
         mask = converted
         allowed = mask > float("-inf")
@@ -239,7 +239,8 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
     return mask
 
 
-def _dtype_name(dtype):
+def dtype_name(dtype):
+    """``float32`` for both ``np.float32`` and ``torch.float32``."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -281,7 +282,8 @@ def _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=False):
     if rows == 1 and causal:  # a mask row shared by every query: the earliest query is the one left empty
         where = (*where[:-1], 0) if where else (0,)
     causal_note = f" together with causal={causal!r}" if causal else ""
-    dtype_note = " (after conversion to the dtype of q, k and v, where large negative values become -inf)" if converted else ""
+    dtype_note = (" (after conversion to the dtype of q, k and v, where large negative values "
+                  "become -inf)") if converted else ""
     raise MaskError(
         f"the mask{dtype_note}{causal_note} leaves query row {where[-1] if where else 0} "
         f"(index {where} of the mask's rows, score shape {shapes.score_shape}) with no key to "

@@ -155,6 +155,21 @@ def _pool(workers):
         return _POOLS[workers]
 
 
+def run_tasks(run, tasks, workers=None):
+    """Call ``run(task)`` for every task: in this thread with one worker, else in the kept pool.
+
+    In the pool the BLAS library runs single-threaded, since the workers already
+    share the cores. ``workers`` defaults to the cores this process may use.
+    """
+    workers = min(workers or _default_workers(), len(tasks))
+    if workers <= 1:
+        for task in tasks:
+            run(task)
+    else:
+        with _one_blas_thread():
+            list(_pool(workers).map(run, tasks))  # list() re-raises any task's exception here
+
+
 def _one_blas_thread():
     """A context in which the BLAS library runs single-threaded (our threads share the cores)."""
     with _LOCK:
@@ -218,13 +233,7 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
             run(((...,), i0))
         return (output, lse) if return_lse else output
     tasks = [(b, i0) for b in np.ndindex(*batch_shape) for i0 in range(0, t_q, block_size)]
-    workers = min(workers or _default_workers(), len(tasks))
-    if workers <= 1:
-        for task in tasks:
-            run(task)
-    else:
-        with _one_blas_thread():
-            list(_pool(workers).map(run, tasks))  # list() re-raises any task's exception here
+    run_tasks(run, tasks, workers)
     return (output, lse) if return_lse else output
 
 

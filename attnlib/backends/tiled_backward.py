@@ -34,7 +34,7 @@ dQ, dK and dV, so the result does not depend on the order they finish in.
 import numpy as np
 
 from ..masks import causal_offset
-from .tiled import BLOCK_SIZE, INLINE_FLOPS, _default_workers, _one_blas_thread, _pool
+from .tiled import BLOCK_SIZE, INLINE_FLOPS, run_tasks
 from .tiled import forward as tiled_forward
 
 ARRAY_KIND = "numpy"
@@ -153,12 +153,5 @@ def backward(q, k, v, d_out, mask, causal, scale, *, out=None, lse=None, block_s
         for grad, part in zip(grads, parts):
             grad[b] = part
 
-    slices = list(np.ndindex(*batch_shape))
-    workers = min(workers or _default_workers(), len(slices))
-    if workers <= 1:
-        for b in slices:
-            run(b)
-    else:
-        with _one_blas_thread():
-            list(_pool(workers).map(run, slices))  # list() re-raises any task's exception here
+    run_tasks(run, list(np.ndindex(*batch_shape)), workers)
     return tuple(grads)
