@@ -4,6 +4,7 @@ No test here asserts how long anything takes: timings depend on the machine.
 The timers are checked with a fake clock instead.
 """
 
+import contextlib
 import csv
 import datetime
 import json
@@ -579,3 +580,121 @@ def test_gpu_figure_names_the_device_and_draws_the_peak():
     assert [line.get_label() for line in ax_time.get_lines()] == ["torch", "sdpa-flash"]
     assert 989.4 in [line.get_ydata()[0] for line in ax_flops.get_lines()]
     plt.close(fig)
+
+
+# --- interleaved timing ---------------------------------------------------------------------------
+
+
+def test_time_cpu_interleaved_takes_turns_rotating_the_order(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    log = []
+
+    def make(name):
+        def fn():
+            log.append(name)
+            clock.now += 0.1
+        return fn
+
+    results = timing.time_cpu_interleaved([make("a"), make("b"), make("c")], warmup=1, warmup_s=0.0,
+                                          min_repeats=2, max_repeats=3, budget_s=10.0)
+    assert log[:3] == ["a", "b", "c"]  # the warm-up, one kernel after the other
+    assert log[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # three rounds, rotated
+    assert [r.repeats for r in results] == [3, 3, 3]
+    assert all(r.method == "perf_counter-interleaved" for r in results)
+
+
+def test_time_cpu_interleaved_gives_a_fair_ratio_when_the_load_changes(monkeypatch):
+    """Halfway through, the machine gets twice as slow. Timed in turns, kernel b still comes out
+    exactly twice as slow as kernel a; timed one after the other, b would take the whole slowdown."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    calls, halfway = [0], [12]  # 2 warm-up calls and 10 rounds of 2: the slowdown starts after call 12
+
+    def make(cost):
+        def fn():
+            calls[0] += 1
+            clock.now += cost * (2.0 if calls[0] > halfway[0] else 1.0)
+        return fn
+
+    a, b = timing.time_cpu_interleaved([make(1.0), make(2.0)], warmup=1, warmup_s=0.0, min_repeats=10,
+                                       max_repeats=10, budget_s=1.0)
+    assert b.median_s / a.median_s == pytest.approx(2.0)
+
+    calls[0], halfway[0] = 0, 6  # a: 1 warm-up and 5 timed calls, then b: all slowed
+    a_alone = timing.time_cpu(make(1.0), warmup=1, warmup_s=0.0, min_repeats=5, max_repeats=5, budget_s=1.0)
+    b_alone = timing.time_cpu(make(2.0), warmup=1, warmup_s=0.0, min_repeats=5, max_repeats=5, budget_s=1.0)
+    assert b_alone.median_s / a_alone.median_s == pytest.approx(4.0)  # what interleaving avoids
+
+
+def test_time_cpu_interleaved_enters_each_context_outside_the_timed_region(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    inside = []
+
+    @contextlib.contextmanager
+    def slow_context():
+        clock.now += 50.0  # entering costs time that must not be counted
+        inside.append(True)
+        yield
+        inside.pop()
+        clock.now += 50.0
+
+    def fn():
+        assert inside, "called outside its context"
+        clock.now += 0.5
+
+    (result,) = timing.time_cpu_interleaved([fn], contexts=[slow_context], warmup=1, warmup_s=0.0,
+                                            min_repeats=3, max_repeats=3, budget_s=1.0)
+    assert result.times_s == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError, match="2 functions but 1 contexts"):
+        timing.time_cpu_interleaved([fn, fn], contexts=[None])
+    with pytest.raises(ValueError, match="at least one function"):
+        timing.time_cpu_interleaved([])
+
+
+def test_run_sweep_interleaves_kernels_of_one_size_and_isolates_a_failing_one(monkeypatch):
+    real_make_call = kernels.make_call
+
+    def make_call(kernel, *args, **options):
+        fn = real_make_call(kernel, *args, **options)
+        if kernel != "torch":
+            return fn
+        calls = [0]
+
+        def breaks_on_the_second_call():  # passes the first call, fails in the warm-up
+            calls[0] += 1
+            if calls[0] > 1:
+                raise RuntimeError("simulated kernel failure")
+            return fn()
+
+        return breaks_on_the_second_call
+
+    monkeypatch.setattr(kernels, "make_call", make_call)
+    configs = sweep.build_configs(["numpy", "torch", "sdpa-flash"], [32, 64], heads=2, head_dims=[16])
+    settings = sweep.Settings(device="cpu", warmup=2, warmup_s=0.0, min_repeats=2, max_repeats=2,
+                              budget_s=0.01, measure_memory=False, interleave=True)
+    rows = sweep.run_sweep(configs, settings, progress=False)
+    assert [(r["kernel"], r["T"]) for r in rows] == [(c.kernel, c.T) for c in configs]
+    for row in rows:
+        if row["kernel"] == "torch":
+            assert row["status"] == "error" and "simulated kernel failure" in row["message"]
+        else:
+            assert row["status"] == "ok" and row["timer"] == "perf_counter-interleaved", row
+            assert row["repeats"] == 2
+
+
+def test_main_interleaves_on_one_cpu_thread_by_default(monkeypatch):
+    seen = []
+
+    def fake_sweep(configs, settings, progress=True):
+        seen.append(settings)
+        return []
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_sweep)
+    base = ["--device", "cpu", "--seq-lens", "32", "--kernels", "numpy", "--no-progress"]
+    cli.main(base)
+    cli.main([*base, "--threads", "2"])
+    cli.main([*base, "--threads", "2", "--interleave"])
+    cli.main([*base, "--no-interleave"])
+    assert [s.interleave for s in seen] == [True, False, True, False]

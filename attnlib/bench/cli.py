@@ -130,6 +130,10 @@ def build_parser():
                           "run, and record it (default on a CPU: 1, so that no kernel's idle threads spin on "
                           "the cores another kernel is timed on, which on a small shared machine makes "
                           "times jump by whole scheduler slices; on a GPU: the libraries' own defaults)")
+    how.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                     help="on a CPU, time the kernels of one size in turns, one call each per round, so that "
+                          "a change in the machine's load hits them all alike (default: on with one thread, "
+                          "off with more, where one library's spinning threads would slow the next)")
     how.add_argument("--no-memory", action="store_true",
                      help="skip the extra call that measures peak memory")
     how.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
@@ -187,6 +191,7 @@ def main(argv=None):
         min_repeats=options["min_repeats"], max_repeats=options["max_repeats"], budget_s=options["budget"],
         flush_bytes=None if options["flush_mb"] is None else options["flush_mb"] * 2**20,
         measure_memory=not args.no_memory, peak_tflops=args.peak_tflops, threads=threads,
+        interleave=device == "cpu" and (threads == 1 if args.interleave is None else args.interleave),
     )
     configs = sweep.build_configs(
         chosen, options["seq_lens"], batch=options["batch"], heads=options["heads"],
@@ -198,7 +203,8 @@ def main(argv=None):
                               dtypes=options["dtypes"], command=report.command_line(argv),
                               threads=threads)
     print(f"# {stamp['device_name']} | torch {stamp['torch_version']} | TF32 {options['tf32']} | "
-          f"threads {threads or 'default'} | direction {options['direction']} | "
+          f"threads {threads or 'default'} | {'interleaved' if settings.interleave else 'one kernel at a time'} | "
+          f"direction {options['direction']} | "
           f"load average {stamp['load_average']} | "
           f"{len(configs)} rows | {stamp['date_utc']}")
     rows = sweep.run_sweep(configs, settings, progress=not args.no_progress)

@@ -50,6 +50,7 @@ class Settings:
     measure_memory: bool = True
     peak_tflops: float | None = None  # a user-supplied dense peak, for a device not in the table
     threads: int | None = None  # CPU threads for torch and BLAS; None leaves their defaults
+    interleave: bool = False  # on a CPU, time the kernels of one size in turns (run_interleaved)
 
 
 def build_configs(kernel_names, seq_lens, *, batch=1, heads=8, head_dims=(64,), dtypes=("float32",),
@@ -171,35 +172,39 @@ def _empty_row(config, settings, device_name):
     return row
 
 
-def run_config(config, settings, device_name, inputs=None):
-    """Time one configuration and return its row (a dict with :data:`ROW_COLUMNS`)."""
+def _prepare(config, settings, device_name, inputs):
+    """The row of ``config`` and the call to time, or the row with its failure and None."""
     row = _empty_row(config, settings, device_name)
     if settings.device == "cpu" and (reason := too_big_for_cpu(config)):
         row.update(status="out of memory", message=reason)
-        return row
-    failure = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            kind = kernels.array_kind(config.kernel)
-            if inputs is None:
-                inputs = kernels.make_inputs(kind, config.B, config.H, config.T, config.d, config.dtype,
-                                             settings.device)
-            fn = kernels.make_call(config.kernel, *inputs, config.causal, threads=settings.threads,
-                                   direction=config.direction)
-            with kernels.pinned(config.kernel):
-                result = _time(fn, settings)
-                if settings.measure_memory:
-                    row["peak_extra_bytes"], row["memory_method"] = memory.peak_extra_bytes(
-                        fn, array_kind=kind, device=settings.device)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
-            failure = classify_failure(exc)
-    if failure is not None:
-        reasons = sorted({str(w.message).strip().splitlines()[0] for w in caught})
-        status, message = failure
-        row.update(status=status, message="; ".join([message, *reasons])[:500])
-        _release_memory(settings.device)
-        return row
+        return row, None
+    try:
+        kind = kernels.array_kind(config.kernel)
+        if inputs is None:
+            inputs = kernels.make_inputs(kind, config.B, config.H, config.T, config.d, config.dtype,
+                                         settings.device)
+        fn = kernels.make_call(config.kernel, *inputs, config.causal, threads=settings.threads,
+                               direction=config.direction)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+        _fail(row, exc, [], settings)
+        return row, None
+    return row, fn
+
+
+def _fail(row, exc, caught, settings):
+    """Record a kernel's failure, and the warnings it raised, in its row."""
+    reasons = sorted({str(w.message).strip().splitlines()[0] for w in caught})
+    status, message = classify_failure(exc)
+    row.update(status=status, message="; ".join([message, *reasons])[:500])
+    _release_memory(settings.device)
+
+
+def _finish(row, config, fn, result, settings):
+    """Fill the row with the timing ``result`` and, if asked, the memory of one call."""
+    if settings.measure_memory:
+        with kernels.pinned(config.kernel):
+            row["peak_extra_bytes"], row["memory_method"] = memory.peak_extra_bytes(
+                fn, array_kind=kernels.array_kind(config.kernel), device=settings.device)
     row.update(time_ms=result.median_s * 1e3, time_q25_ms=result.q25_s * 1e3, time_q75_ms=result.q75_s * 1e3,
                time_min_ms=result.min_s * 1e3, time_first_ms=result.first_s * 1e3, repeats=result.repeats,
                times_ms=" ".join(f"{t * 1e3:.6g}" for t in result.times_s) or None,
@@ -211,6 +216,68 @@ def run_config(config, settings, device_name, inputs=None):
     return row
 
 
+def run_config(config, settings, device_name, inputs=None):
+    """Time one configuration and return its row (a dict with :data:`ROW_COLUMNS`)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row, fn = _prepare(config, settings, device_name, inputs)
+        if fn is None:
+            return row
+        try:
+            with kernels.pinned(config.kernel):
+                result = _time(fn, settings)
+            return _finish(row, config, fn, result, settings)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+            _fail(row, exc, caught, settings)
+            return row
+
+
+def run_interleaved(configs, settings, device_name, inputs_of=None):
+    """Time configurations that differ only in their kernel in turns (see
+    :func:`~attnlib.bench.timing.time_cpu_interleaved`); their rows, in order.
+
+    ``inputs_of`` maps an array kind ("numpy" or "torch") to the inputs to share.
+    A kernel that fails while warming up gets its failure row, and the others
+    are timed again without it.
+    """
+    inputs_of = inputs_of or {}
+    rows, calls = {}, {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for config in configs:
+            row, fn = _prepare(config, settings, device_name, inputs_of.get(kernels.array_kind(config.kernel)))
+            rows[config] = row
+            if fn is not None:
+                calls[config] = fn
+        while calls:
+            timed = list(calls)
+            try:
+                results = timing.time_cpu_interleaved(
+                    [calls[c] for c in timed], contexts=[lambda c=c: kernels.pinned(c.kernel) for c in timed],
+                    warmup=settings.warmup, warmup_s=settings.warmup_s, min_repeats=settings.min_repeats,
+                    max_repeats=settings.max_repeats, budget_s=settings.budget_s,
+                    flush_bytes=settings.flush_bytes or 0)
+            except Exception:  # noqa: BLE001 - find the failing kernel alone, record it, time the rest
+                for config in timed:
+                    try:
+                        with kernels.pinned(config.kernel):
+                            calls[config]()
+                    except Exception as exc:  # noqa: BLE001
+                        _fail(rows[config], exc, caught, settings)
+                        del calls[config]
+                if len(calls) == len(timed):  # nothing failed alone: time them one by one
+                    return [run_config(c, settings, device_name, inputs_of.get(kernels.array_kind(c.kernel)))
+                            for c in configs]
+                continue
+            for config, result in zip(timed, results):
+                try:
+                    _finish(rows[config], config, calls[config], result, settings)
+                except Exception as exc:  # noqa: BLE001
+                    _fail(rows[config], exc, caught, settings)
+            break
+    return [rows[c] for c in configs]
+
+
 def _release_memory(device):
     gc.collect()
     if device == "cuda":
@@ -219,29 +286,50 @@ def _release_memory(device):
         torch.cuda.empty_cache()
 
 
+def _same_sizes(config):
+    return (config.B, config.H, config.T, config.d, config.dtype, config.causal, config.direction)
+
+
 def run_sweep(configs, settings, *, progress=True):
     """Run every configuration; return the rows, in the order of ``configs``.
 
     Inputs are made once and shared by consecutive rows of the same sizes
-    and array kind. A progress bar goes to stderr unless ``progress`` is False.
+    and array kind. With ``settings.interleave`` on a CPU, consecutive rows
+    that differ only in their kernel are timed in turns
+    (:func:`run_interleaved`). A progress bar goes to stderr unless
+    ``progress`` is False.
     """
     from tqdm import tqdm
 
     device_name = devices.device_name(settings.device)
-    rows, cached_key, cached_inputs = [], None, None
-    bar = tqdm(configs, desc="attnlib.bench", unit="row", file=sys.stderr, disable=not progress)
+    interleave = settings.interleave and settings.device == "cpu"
+    groups = [list(g) for _, g in itertools.groupby(configs, key=_same_sizes)] if interleave \
+        else [[c] for c in configs]
+    rows, cached = [], {}
+    bar = tqdm(total=len(configs), desc="attnlib.bench", unit="row", file=sys.stderr, disable=not progress)
     with tf32_mode(settings.tf32), cpu_threads(settings.threads):
-        for config in bar:
-            bar.set_postfix_str(f"{config.kernel} T={config.T} d={config.d} {config.dtype}"
-                                f"{' causal' if config.causal else ''}")
-            key = (kernels.array_kind(config.kernel), config.B, config.H, config.T, config.d, config.dtype)
-            if key != cached_key:
-                cached_key, cached_inputs = key, None
-                _release_memory(settings.device)
-                try:
-                    cached_inputs = kernels.make_inputs(*key, settings.device)
-                except Exception:  # noqa: BLE001 - run_config makes them again and records why it fails
-                    cached_inputs = None
-            rows.append(run_config(config, settings, device_name, inputs=cached_inputs))
+        for group in groups:
+            first = group[0]
+            bar.set_postfix_str(f"{'+'.join(c.kernel for c in group)} T={first.T} d={first.d} {first.dtype}"
+                                f"{' causal' if first.causal else ''}")
+            inputs_of = {}
+            for kind in dict.fromkeys(kernels.array_kind(c.kernel) for c in group):
+                key = (kind, first.B, first.H, first.T, first.d, first.dtype)
+                if key not in cached:
+                    for old in [k for k in cached if k[1:] != key[1:]]:  # keep one size's inputs at a time
+                        del cached[old]
+                    _release_memory(settings.device)
+                    try:
+                        cached[key] = kernels.make_inputs(*key, settings.device)
+                    except Exception:  # noqa: BLE001 - run_config makes them again and records why it fails
+                        cached[key] = None
+                inputs_of[kind] = cached[key]
+            if len(group) > 1:
+                rows.extend(run_interleaved(group, settings, device_name, inputs_of))
+            else:
+                rows.append(run_config(first, settings, device_name,
+                                       inputs=inputs_of[kernels.array_kind(first.kernel)]))
+            bar.update(len(group))
+    bar.close()
     report.flag_rows(rows)
     return rows

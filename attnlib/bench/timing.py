@@ -20,8 +20,15 @@ A single stopwatch reading around one call is wrong in four ways:
 
 :func:`time_cpu` and :func:`time_cuda` do all of this; :func:`time_do_bench`
 hands it to ``triton.testing.do_bench``, which does the same on a GPU.
+
+Comparing kernels on a shared machine adds a fifth: the load changes while you
+measure. Timed one after the other, kernel A may get a quiet minute and kernel
+B a busy one, and their ratio measures the neighbours. :func:`time_cpu_interleaved`
+takes turns instead, one call of each kernel per round, so every kernel sees the
+same conditions and the ratio of two medians is fair.
 """
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -106,6 +113,21 @@ def cuda_cache_flush(n_bytes=FLUSH_BYTES):
     return buffer.zero_
 
 
+def _warm_up(fn, warmup, warmup_s):
+    """Untimed calls: at least ``warmup`` and ``warmup_s`` seconds' worth (up to
+    ``MAX_WARMUP_CALLS``). Returns the first call's time, the last one's, and the number of calls."""
+    start = time.perf_counter()
+    fn()
+    first_s = last_s = time.perf_counter() - start
+    calls, warmup_start = 1, start
+    while calls < warmup or (time.perf_counter() - warmup_start < warmup_s and calls < MAX_WARMUP_CALLS):
+        start = time.perf_counter()
+        fn()
+        last_s = time.perf_counter() - start
+        calls += 1
+    return first_s, last_s, calls
+
+
 def time_cpu(fn, *, warmup=1, warmup_s=0.0, min_repeats=3, max_repeats=20, budget_s=1.0, flush_bytes=0):
     """Time ``fn()`` on the CPU with ``time.perf_counter``.
 
@@ -120,15 +142,7 @@ def time_cpu(fn, *, warmup=1, warmup_s=0.0, min_repeats=3, max_repeats=20, budge
     ``max_repeats``. With ``flush_bytes``, that much memory is written before
     each timed call, so every call starts with cold caches.
     """
-    start = time.perf_counter()
-    fn()
-    first_s = last_s = time.perf_counter() - start
-    calls, warmup_start = 1, start
-    while calls < warmup or (time.perf_counter() - warmup_start < warmup_s and calls < MAX_WARMUP_CALLS):
-        start = time.perf_counter()
-        fn()
-        last_s = time.perf_counter() - start
-        calls += 1
+    first_s, last_s, calls = _warm_up(fn, warmup, warmup_s)
     flush = cpu_cache_flush(flush_bytes)
     times = []
     for _ in range(choose_repeats(last_s, budget_s, min_repeats, max_repeats)):
@@ -138,6 +152,48 @@ def time_cpu(fn, *, warmup=1, warmup_s=0.0, min_repeats=3, max_repeats=20, budge
         fn()
         times.append(time.perf_counter() - start)
     return summarize(times, first_s=first_s, warmup=calls, method="perf_counter")
+
+
+def time_cpu_interleaved(fns, *, contexts=None, warmup=1, warmup_s=0.0, min_repeats=3, max_repeats=20,
+                         budget_s=1.0, flush_bytes=0):
+    """Time several functions on the CPU in turns; one :class:`Timing` per function.
+
+    Each function is warmed up as :func:`time_cpu` does, one after the other.
+    Then come rounds: in each round every function is called once, timed, the
+    order rotating by one from round to round so that none always runs right
+    after the same neighbour. As many rounds as fit in ``budget_s`` per
+    function, between ``min_repeats`` and ``max_repeats``. ``contexts``, if
+    given, holds one context-manager factory per function (or None), entered
+    around each of its calls but outside the timed region: for example, the
+    choice of SDPA kernel. With ``flush_bytes``, that much memory is written
+    before each timed call.
+    """
+    fns = list(fns)
+    if not fns:
+        raise ValueError("time_cpu_interleaved needs at least one function")
+    contexts = [c or contextlib.nullcontext for c in (contexts or [None] * len(fns))]
+    if len(contexts) != len(fns):
+        raise ValueError(f"got {len(fns)} functions but {len(contexts)} contexts")
+    first_s, last_s, calls = [], [], []
+    for fn, context in zip(fns, contexts):
+        with context():
+            first, last, n = _warm_up(fn, warmup, warmup_s)
+        first_s.append(first)
+        last_s.append(last)
+        calls.append(n)
+    flush = cpu_cache_flush(flush_bytes)
+    rounds = choose_repeats(sum(last_s), budget_s * len(fns), min_repeats, max_repeats)
+    times = [[] for _ in fns]
+    for r in range(rounds):
+        for i in [(r + j) % len(fns) for j in range(len(fns))]:
+            with contexts[i]():
+                if flush is not None:
+                    flush()
+                start = time.perf_counter()
+                fns[i]()
+                times[i].append(time.perf_counter() - start)
+    return [summarize(t, first_s=f, warmup=n, method="perf_counter-interleaved")
+            for t, f, n in zip(times, first_s, calls)]
 
 
 def time_cuda(fn, *, warmup=2, warmup_s=0.025, min_repeats=5, max_repeats=100, budget_s=1.0,
