@@ -112,8 +112,11 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
     l_i = np.zeros(q_blk.shape[:-1], dtype=q_blk.dtype)  # running sum of exp(score - m_i)
     acc = np.zeros((*q_blk.shape[:-1], v.shape[-1]), dtype=q_blk.dtype)  # ... of exp(score - m_i) v_j
     offset = causal_offset(t_q, t_k, causal) if causal else 0
+    n_k = min(block_size, t_k)
+    scores = np.empty((*q_blk.shape[:-1], n_k), dtype=q_blk.dtype)  # one block's scores, reused
+    ones = np.ones(n_k, dtype=q_blk.dtype)  # p @ ones sums each row, faster than p.sum(axis=-1)
     for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal, t_q):
-        s = q_blk @ k[..., j0:j1, :].swapaxes(-2, -1)  # (n_q, d_k) @ (d_k, n_k) -> (n_q, n_k)
+        s = np.matmul(q_blk, k[..., j0:j1, :].swapaxes(-2, -1), out=scores[..., : j1 - j0])  # (n_q, n_k)
         if on_diagonal:  # drop keys j > i + offset
             future = np.arange(j0, j1) > np.arange(i0 + offset, i0 + offset + n_q)[:, None]  # (n_q, n_k)
             np.copyto(s, -np.inf, where=future)
@@ -129,7 +132,7 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
             shift = np.where(np.isneginf(m_new), 0.0, m_new)
         p = np.exp(np.subtract(s, shift[..., None], out=s), out=s)  # in place: (n_q, n_k), all <= 1
         alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
-        l_i = alpha * l_i + p.sum(axis=-1)
+        l_i = alpha * l_i + p @ ones[: j1 - j0]
         acc *= alpha[..., None]
         acc += p @ v[..., j0:j1, :]  # (n_q, n_k) @ (n_k, d_v) -> (n_q, d_v)
         m_i = m_new

@@ -32,7 +32,7 @@ def _row_text(row, digits):
 
 def _entry_of_cat(weights, values=None):
     values = THE_CAT_SAT.v[:, _ENTRY] if values is None else values
-    return float(weights[_CAT] @ values)  # sum_j alpha_cat,j * v_j[entry]
+    return float(weights[_CAT] @ values)  # o_cat[entry] = sum_j A[cat, j] * v_j[entry]
 
 
 def _causal_weights(scale=None):
@@ -51,11 +51,12 @@ output_entry = ValueExercise(
     title="One entry of a causal output",
     kind="by hand",
     task=(
-        'The output of "cat" is its weights times the value rows, $z_{cat} = \\sum_j \\alpha_{cat,j} v_j$. '
+        'The output of "cat" is its row of weights times the value rows, '
+        "$o_{\\text{cat}} = \\sum_j A_{\\text{cat},j}\\, v_j$. "
         'Under the causal mask of chapter 4, "cat" may attend only to "the" and to itself. The scaled '
         f'scores of "cat" are ${_row_text(_SCALED_CAT, 3)}$ (for "the", "cat", "sat"), and the last '
         f"entries of the three value rows are ${_row_text(THE_CAT_SAT.v[:, _ENTRY], 3)}$. Compute the "
-        f"last entry, $z_{{cat}}[{_ENTRY}]$, of the causal output of \"cat\". Three decimal places "
+        f"last entry, $o_{{\\text{{cat}}}}[{_ENTRY}]$, of the causal output of \"cat\". Three decimal places "
         "are enough."
     ),
     starter="answer = ...  # a number",
@@ -64,10 +65,11 @@ output_entry = ValueExercise(
         'cat = ex.index("cat")\n'
         "scaled = ex.q[cat] @ ex.k.T / np.sqrt(ex.d_k)  # (T,) scaled scores of \"cat\"\n"
         "scaled[cat + 1 :] = -np.inf  # the causal mask: no key after \"cat\"\n"
-        "alpha_cat = np.exp(scaled - scaled.max())\n"
-        "alpha_cat = alpha_cat / alpha_cat.sum()  # renormalised over the keys that remain\n"
-        f"answer = float(alpha_cat @ ex.v[:, {_ENTRY}])  # sum_j alpha_cat,j * v_j[{_ENTRY}]\n"
-        'print("weights of cat:", np.round(alpha_cat, 4), f" entry: {answer:.4f}")'
+        "exps = np.exp(scaled - scaled.max())\n"
+        "A_cat = exps / exps.sum()  # row \"cat\" of A, renormalised over the keys that remain\n"
+        "o_cat = A_cat @ ex.v  # o_cat = sum_j A[cat, j] v_j, (d_v,)\n"
+        f"answer = float(o_cat[{_ENTRY}])\n"
+        'print("weights of cat:", np.round(A_cat, 4), f" entry: {answer:.4f}")'
     ),
     answer_name="answer",
     expected=lambda: _entry_of_cat(_causal_weights()),
