@@ -1,12 +1,20 @@
-"""Where the tiled NumPy backend's time goes, per score, against torch's fused SDPA.
+"""Where the tiled NumPy backend's time goes, against torch's fused SDPA, on one thread.
 
-Times each step of one (query block x key block) iteration of
-``attnlib.backends.tiled._attend_query_block`` on its own, in turns with
-SDPA over the whole problem, all on one thread, and prints nanoseconds per
-score. The sum of the two matrix products and the exp is a floor for any
-NumPy version of the loop: each is already one library call at full speed.
+Runs the real problem, (B, H, T, d) = (1, heads, T, d) in float32, four ways, in
+turns with SDPA so that a change of load hits them all alike:
 
-    .venv/bin/python tools/tiled_cost.py [--T 4096] [--heads 8] [--d 64] [--block 1024] [--rounds 15]
+- ``tiled``: the backend itself (``attnlib.backends.tiled.forward``);
+- ``products``: the same loop over blocks doing only its two matrix products,
+  ``q_blk @ k_blk.T`` and ``p @ v_blk`` (not attention: a floor, not a result);
+- ``products + exp``: the two products and ``np.exp`` of every score;
+- ``+ max, subtract``: also the row maximum and its subtraction.
+
+Each is printed as its median time over SDPA's median. The steps that are left
+out cannot be made free, so no NumPy version of the loop can beat the
+``products + exp`` row: NumPy runs each step as its own pass over the scores,
+while SDPA's C++ loop fuses them.
+
+    .venv/bin/python tools/tiled_cost.py [--T 4096] [--heads 8] [--d 64] [--rounds 9]
 """
 
 import argparse
@@ -16,62 +24,67 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from attnlib.backends import tiled
+
+
+def block_loop(q, k, v, steps, block=tiled.BLOCK_SIZE):
+    """The tiled loop over (head, query block, key block) doing only ``steps``."""
+    scores = np.empty((block, block), dtype=q.dtype)
+    for h in range(q.shape[1]):
+        for i0 in range(0, q.shape[2], block):
+            q_blk = q[0, h, i0:i0 + block]
+            acc = np.zeros((q_blk.shape[0], v.shape[-1]), dtype=q.dtype)
+            for j0 in range(0, k.shape[2], block):
+                s = np.matmul(q_blk, k[0, h, j0:j0 + block].T, out=scores)
+                if "max" in steps:
+                    m = s.max(axis=-1)
+                    np.subtract(s, m[:, None], out=s)
+                if "exp" in steps:
+                    np.exp(s, out=s)
+                acc += s @ v[0, h, j0:j0 + block]
+    return acc
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--T", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--d", type=int, default=64)
-    parser.add_argument("--block", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
+    if args.T % tiled.BLOCK_SIZE:
+        parser.error(f"--T must be a multiple of the block size, {tiled.BLOCK_SIZE}")
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    n, d = args.block, args.d
-    q = rng.standard_normal((n, d), dtype=np.float32) * np.float32(d**-0.5)
-    k = rng.standard_normal((n, d), dtype=np.float32)
-    v = rng.standard_normal((n, d), dtype=np.float32)
-    s = np.empty((n, n), dtype=np.float32)
-    np.matmul(q, k.T, out=s)
-    m = s.max(axis=-1)
-    assert q.dtype == s.dtype == m.dtype == np.float32
-    p = np.exp(s - m[:, None])
-    ones = np.ones(n, dtype=np.float32)
-    work = np.empty_like(s)
-    steps = {  # each as the backend does it, on one block of n x n scores
-        "scores q @ k.T": lambda: np.matmul(q, k.T, out=work),
-        "row max": lambda: s.max(axis=-1),
-        "subtract max": lambda: np.subtract(s, m[:, None], out=work),
-        "exp": lambda: np.exp(s, out=work),
-        "row sum (p @ ones)": lambda: p @ ones,
-        "p @ v": lambda: p @ v,
+    q, k, v = (rng.standard_normal((1, args.heads, args.T, args.d), dtype=np.float32) for _ in range(3))
+    scale = np.float32(args.d**-0.5)
+    q_scaled = q * scale
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    runs = {
+        "torch SDPA": lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv),
+        "tiled": lambda: tiled.forward(q, k, v, None, None, float(scale), workers=1),
+        "products": lambda: block_loop(q_scaled, k, v, ()),
+        "products + exp": lambda: block_loop(q_scaled, k, v, ("exp",)),
+        "+ max, subtract": lambda: block_loop(q_scaled, k, v, ("exp", "max")),
     }
-    big = [torch.randn(1, args.heads, args.T, d) for _ in range(3)]
-    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(*big)  # noqa: E731
-    per_score = {name: [] for name in [*steps, "torch SDPA (whole problem)"]}
+    times = {name: [] for name in runs}
     with threadpool_limits(1):
-        for fn in [*steps.values(), sdpa]:
-            fn()
-        for _ in range(args.rounds):  # in turns, so a change of load hits every step alike
-            for name, fn in steps.items():
+        for fn in runs.values():
+            fn()  # warm-up
+        for r in range(args.rounds):
+            names = list(runs)
+            for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
                 start = time.perf_counter()
-                fn()
-                per_score[name].append((time.perf_counter() - start) / n**2 * 1e9)
-            start = time.perf_counter()
-            sdpa()
-            per_score["torch SDPA (whole problem)"].append(
-                (time.perf_counter() - start) / (args.heads * args.T**2) * 1e9)
-    median = {name: float(np.median(times)) for name, times in per_score.items()}
-    reference = median.pop("torch SDPA (whole problem)")
-    print(f"one thread, float32, block {n} x {n}, d = {d}; SDPA at (1, {args.heads}, {args.T}, {d})")
-    print(f"{'step':<28}{'ns per score':>14}{'/ SDPA':>9}")
+                runs[name]()
+                times[name].append(time.perf_counter() - start)
+    median = {name: float(np.median(t)) for name, t in times.items()}
+    print(f"one thread, float32, (B, H, T, d) = (1, {args.heads}, {args.T}, {args.d}), "
+          f"blocks of {tiled.BLOCK_SIZE}, {args.rounds} rounds")
+    print(f"{'run':<18}{'median ms':>11}{'/ SDPA':>9}{'IQR / median':>14}")
     for name, value in median.items():
-        print(f"{name:<28}{value:>14.3f}{value / reference:>9.2f}")
-    floor = median["scores q @ k.T"] + median["p @ v"] + median["exp"]
-    total = sum(median.values())
-    print(f"{'torch SDPA, all of it':<28}{reference:>14.3f}{1:>9.2f}")
-    print(f"{'floor: 2 products + exp':<28}{floor:>14.3f}{floor / reference:>9.2f}")
-    print(f"{'sum of the steps':<28}{total:>14.3f}{total / reference:>9.2f}")
+        q25, q75 = np.percentile(times[name], [25, 75])
+        print(f"{name:<18}{value * 1e3:>11.1f}{value / median['torch SDPA']:>9.2f}"
+              f"{(q75 - q25) / value:>14.2f}")
 
 
 if __name__ == "__main__":
