@@ -43,6 +43,20 @@ def test_long_listings_are_collapsed_behind_a_summary(chapter):
             assert cell.metadata["mystnb"]["code_prompt_show"].startswith("Show the "), cell.get("id")
 
 
+HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+BOOKKEEPING = re.compile(r"\bglue\(|from myst_nb import glue|# the numbers? (in|of) the prose")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_the_code_a_reader_sees_does_no_bookkeeping_for_the_prose(chapter):
+    """glue() calls and the asserts that pin the prose's numbers live in hidden cells: the
+    visible code teaches, and a learner never meets a function the book does not explain."""
+    shown = [(cell.get("id"), line.strip()) for cell in _code_cells(chapter)
+             if not HIDDEN_TAGS & set(cell.metadata.get("tags", []))
+             for line in cell.source.splitlines() if BOOKKEEPING.search(line)]
+    assert not shown, f"{chapter.name}: move these into a remove-cell cell:\n" + "\n".join(map(str, shown))
+
+
 def test_hygiene_moves_a_marker_comment_into_a_tag():
     cell = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(time.time())", id="timing")
     assert notebook_hygiene.move_nbval_markers_to_tags(cell)

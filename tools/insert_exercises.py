@@ -38,8 +38,8 @@ KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "F
 INTRO = (
     "## Exercises\n\n"
     "Each exercise ends with a call to `attnlib.exercises.check`: it runs your answer on hidden cases and "
-    "prints what to fix, or that every case passed (`result.passed` is then `True`). Where this edition "
-    "of the book shows the solutions, each sits in a collapsed box under its exercise: try first."
+    "prints what to fix, or that every case passed (`result.passed` is then `True`). Try each one on "
+    "your own first."
 )
 
 
