@@ -1,4 +1,4 @@
-"""Chapter 2, Token by token: one scaled score, one query's output, and a key made longer.
+"""Chapter 2, Token by token: one scaled score, one query's output, and a doubled key.
 
 The chapter prints every score, scaled score and weight of "the cat sat" (its
 figure steps through all of them), so the by-hand and predict exercises ask
@@ -181,19 +181,21 @@ _OPTIONS_TEXT = (
 
 doubled_key = ChoiceExercise(
     id="ch2.doubled_key",
-    title="A longer key",
+    title="A doubled key",
     kind="predict",
     task=(
         f'In this chapter "cat" gives its largest weight to "{_largest_weight_of_cat(None)}". Suppose '
-        f'the key of "{_DOUBLED_NAME}" were twice as long, $2 k_{{{_DOUBLED_NAME}}}$, and nothing else '
-        'changed. Before computing: which token would "cat" then give the largest weight? Set '
+        f'the key of "{_DOUBLED_NAME}" were doubled, $2 k_{{{_DOUBLED_NAME}}}$: still '
+        f"$d_k = {THE_CAT_SAT.d_k}$ entries wide and pointing the same way, but twice the size (twice "
+        "its *norm*, $\\lVert k \\rVert = \\sqrt{k \\cdot k}$). Nothing else changes. Before "
+        'computing: which token would "cat" then give the largest weight? Set '
         f"`answer` to {_OPTIONS_TEXT}."
     ),
     starter="answer = ...  # " + " or ".join(f'"{token}"' for token in THE_CAT_SAT.tokens),
     solution=(
         "ex = attnlib.examples.THE_CAT_SAT\n"
         "k = ex.k.copy()\n"
-        f'k[ex.index("{_DOUBLED_NAME}")] *= 2  # a key twice as long\n'
+        f'k[ex.index("{_DOUBLED_NAME}")] *= 2  # same direction, twice the norm\n'
         'weights_of_cat = attnlib.attention_weights(ex.q, k)[ex.index("cat")]\n'
         "for token, weight in zip(ex.tokens, weights_of_cat):\n"
         '    print(f"{token:>4}: {weight:.4f}")\n'
@@ -214,9 +216,10 @@ doubled_key = ChoiceExercise(
         ),
     },
     explanation=(
-        "A dot product grows with the length of its vectors, so a longer key draws more attention "
-        "from every query that points its way. The scale $1/\\sqrt{d_k}$ and the softmax keep the "
-        "order of the scores: the largest score still wins."
+        "A dot product grows with the norm of its vectors: doubling a key doubles every score "
+        "against it, so a key with a larger norm draws more attention from every query that points "
+        "its way. Dividing by $\\sqrt{d_k}$ does not undo this: it depends on the width alone, and "
+        "like the softmax it keeps the scores in order, so the largest score still wins."
     ),
 )
 

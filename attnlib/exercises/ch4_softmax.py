@@ -319,8 +319,8 @@ fix_sqrt_t = FunctionExercise(
         ),
     },
     explanation=(
-        "The scale corrects for the length of the vectors being dotted, $d_k$, not for how many "
-        "tokens there are. The bug hides whenever $T = d_k$."
+        "The scale corrects for the width of the vectors being dotted, $d_k$, their number of "
+        "entries, not for how many tokens there are. The bug hides whenever $T = d_k$."
     ),
 )
 

@@ -152,10 +152,10 @@ additive_mask = FunctionExercise(
     title="From a boolean mask to an additive one",
     kind="implement",
     task=(
-        "attnlib and `scaled_dot_product_attention` accept a boolean mask, `True` where a query may "
-        "attend, or a float mask that is *added* to the scores. Write `my_additive_mask(mask)` that "
-        "turns a boolean mask into the float one: `0.0` where the mask is `True`, `-inf` where it is "
-        "`False`, same shape."
+        "attnlib and PyTorch's `scaled_dot_product_attention` accept a boolean mask, `True` where a "
+        "query may attend, or a float mask that is *added* to the scores. Write "
+        "`my_additive_mask(mask)` that turns a boolean mask into the float one: `0.0` where the mask "
+        "is `True`, `-inf` where it is `False`, same shape."
     ),
     starter="def my_additive_mask(mask):\n    ...  # your code here",
     solution=(
@@ -191,13 +191,15 @@ additive_mask = FunctionExercise(
 
 ignore_mask = FunctionExercise(
     id="ch6.ignore_mask",
-    title="From SDPA's mask to nn.MultiheadAttention's",
+    title="From scaled_dot_product_attention's mask to nn.MultiheadAttention's",
     kind="implement",
     task=(
-        "`torch.nn.functional.scaled_dot_product_attention` reads a boolean `attn_mask` as `True` = "
-        "*may attend*. `torch.nn.MultiheadAttention` reads a boolean `attn_mask` the other way round: "
-        "`True` = *ignore this key*. Write `my_ignore_mask(mask)` that turns an SDPA-style mask into "
-        "an `nn.MultiheadAttention` one (boolean, same shape)."
+        "PyTorch's `torch.nn.functional.scaled_dot_product_attention` is a fused attention function: "
+        "one call computes the whole of $\\operatorname{softmax}(QK^\\top/\\sqrt{d_k})\\,V$. It reads a "
+        "boolean `attn_mask` as `True` = *may attend*. `torch.nn.MultiheadAttention` reads a boolean "
+        "`attn_mask` the other way round: `True` = *ignore this key*. Write `my_ignore_mask(mask)` that "
+        "turns a `scaled_dot_product_attention` mask into an `nn.MultiheadAttention` one (boolean, "
+        "same shape)."
     ),
     starter="def my_ignore_mask(mask):\n    ...  # your code here",
     solution=('def my_ignore_mask(mask):\n    return ~mask  # "may attend" -> "ignore": flip every boolean'),
@@ -213,7 +215,8 @@ ignore_mask = FunctionExercise(
         "one_minus": Mistake(lambda mask: 1 - mask, "return a boolean array"),
     },
     explanation=(
-        "Passing an SDPA mask to `nn.MultiheadAttention` unchanged raises no error: every query "
+        "Passing a `scaled_dot_product_attention` mask to `nn.MultiheadAttention` unchanged raises no "
+        "error: every query "
         "attends to exactly the keys it should have ignored, and a query allowed to see every key "
         "is left with none (NaN)."
     ),

@@ -31,7 +31,7 @@ def swap_sentence(adjective):
 
 
 def where_it_looks(adjective):
-    """``(word, word)``: where head 0 of the first layer and the pointer put most of the weight of "it"."""
+    """``(word, word)``: where the attention layer's head 0 and the pointer put most weight of "it"."""
     from ..learn.recipes import trained_coreference_model
 
     data, model, _ = trained_coreference_model()
@@ -49,7 +49,7 @@ def _swap_experiment():
 
 def _option_text(key):
     head, pointer = SWAP_OPTIONS[key]
-    return f'head 0 of the first layer on "{head}", the pointer on "{pointer}"'
+    return f'head 0 of the attention layer on "{head}", the pointer on "{pointer}"'
 
 
 _swap_sentence_text = " ".join(swap_sentence(SWAP_ADJECTIVES[0])).replace(" .", ".")
@@ -61,7 +61,7 @@ swap_adjective = ChoiceExercise(
     task=(
         "The trained pointer model reads a held-out sentence the chapter did not show:\n\n"
         f"> {_swap_sentence_text}\n\n"
-        f'Head 0 of the first layer sends "it" to "{SWAP_ADJECTIVES[0]}", and the pointer answers '
+        f'Head 0 of the attention layer sends "it" to "{SWAP_ADJECTIVES[0]}", and the pointer answers '
         f'"{SWAP_NOUNS["animal"]}". Now swap the last word for "{SWAP_ADJECTIVES[1]}". Where do '
         "the two put most of the weight of \"it\"?\n\n"
         + "\n".join(f"- **{key}**: {_option_text(key)}" for key in SWAP_OPTIONS)
@@ -78,7 +78,7 @@ swap_adjective = ChoiceExercise(
         "for adjective in SWAP_ADJECTIVES:\n"
         "    sentence = swap_sentence(adjective)\n"
         "    maps = model.attention_maps(data.encode([sentence]))\n"
-        "    head_0 = maps[0][0, 0, IT_POSITION]  # (T,) layer 1, head 0, row of \"it\"\n"
+        "    head_0 = maps[0][0, 0, IT_POSITION]  # (T,) head 0 of the layer, row of \"it\"\n"
         "    pointer = maps[-1][0, 0, IT_POSITION]  # (T,) the pointer's row of \"it\"\n"
         "    print(f\"too {adjective}: head 0 -> {sentence[head_0.argmax()]} \"\n"
         "          f\"({head_0.max():.2f}), pointer -> {sentence[pointer.argmax()]} \"\n"
@@ -88,11 +88,11 @@ swap_adjective = ChoiceExercise(
     answer_name="answer",
     options={key: _option_text(key) for key in SWAP_OPTIONS} | {"e": "somewhere else"},
     expected=_swap_experiment,
-    hint="head 0 of the first layer fetches a word for \"it\"; the pointer then picks a noun",
+    hint="head 0 of the attention layer fetches a word for \"it\"; the pointer then picks a noun",
     mistakes={
         "first_layer_points": Mistake(
             lambda: "b",
-            'in the first layer the query of "it" is the same vector in every sentence, so it '
+            'in the attention layer the query of "it" is the same vector in every sentence, so it '
             "cannot know yet which noun the adjective picks; it fetches the adjective, and the "
             "pointer uses what it fetched",
         ),
@@ -108,10 +108,11 @@ swap_adjective = ChoiceExercise(
         ),
     },
     explanation=(
-        'Head 0 of the first layer ranks the keys with one fixed query, the vector of "it" at '
-        "position 7, and adjectives come first in its ranking: it fetches whichever adjective the "
-        "sentence has. The pointer's query then carries that adjective, and it matches the key of "
-        "the noun the adjective can describe."
+        'Head 0 of the attention layer scores the keys with one fixed query, made from "it" and '
+        "its position 7, so it applies the same preference in every sentence, and adjectives come "
+        "first: it fetches whichever adjective the sentence has. The layer adds what it fetched to "
+        "the vector of \"it\", so the pointer's query then carries that adjective, and it matches "
+        "the key of the noun the adjective can describe."
     ),
 )
 
@@ -272,7 +273,8 @@ parameter_count = ValueExercise(
         "from attnlib.learn.recipes import coreference_model\n"
         "\n"
         f"V, T, d, layers = {len(VOCAB)}, {SENTENCE_LENGTH}, {_d}, {_layers}\n"
-        "by_hand = V * d + T * d + layers * 4 * d * d + 2 * d * d  # the heads share W\n"
+        "# the number of heads does not change the count: the heads split d_model\n"
+        "by_hand = V * d + T * d + layers * 4 * d * d + 2 * d * d\n"
         "model = coreference_model(BIGGER)\n"
         "answer = sum(p.numel() for p in model.parameters())\n"
         "assert answer == by_hand\n"
@@ -285,7 +287,7 @@ parameter_count = ValueExercise(
         "per_head": Mistake(
             lambda: _parameters(extra=_layers * 4 * _d * _d * (_heads - 1)),
             "the heads share the four (d_model, d_model) matrices: each head uses a slice of "
-            "their columns, so more heads do not mean more weights",
+            "their columns, so the number of heads does not change the number of weights",
         ),
         "one_layer": Mistake(
             lambda: _parameters(extra=-(_layers - 1) * 4 * _d * _d),

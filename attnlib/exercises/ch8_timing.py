@@ -1,4 +1,4 @@
-"""Chapter 8, Timing attention on a GPU: FLOPs, bytes, a correct timer, and the slope of time vs T.
+"""Chapter 8, Timing attention: FLOPs, bytes, a correct timer, and the slope of time vs T.
 
 Every check here runs on a CPU. The timer exercise stands in for a GPU with
 a fake device whose work, like a CUDA kernel's, only finishes when you

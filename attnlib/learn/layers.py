@@ -62,9 +62,10 @@ class PointerHead(nn.Module):
     """One head that answers by pointing: its attention weights *are* the prediction.
 
     Query i's scores ``q_i . k_j / sqrt(d_k)`` over the keys j are the logits of
-    "the answer for token i is token j"; their softmax is the head's attention
-    row. No values and no output projection: the weights are the output, as in
-    pointer networks (Vinyals, Fortunato and Jaitly, 2015).
+    "the answer for token i is token j" (logits: the scores a softmax turns into
+    probabilities); their softmax is the head's attention row. No values and no
+    output projection: the weights are the output, as in pointer networks
+    (Vinyals, Fortunato and Jaitly, 2015).
 
     Parameters
     ----------
@@ -77,7 +78,7 @@ class PointerHead(nn.Module):
         self.w_q, self.w_k = _weight(d_model, d_k, generator), _weight(d_model, d_k, generator)
 
     def scores(self, x):
-        """Scaled scores, the pointer's logits: (B, T, d_model) -> (B, T, T)."""
+        """Scaled scores, the logits the softmax turns into weights: (B, T, d_model) -> (B, T, T)."""
         q, k = x @ self.w_q, x @ self.w_k  # (B, T, d_k) each
         return score_matrix(q, k) / math.sqrt(self.w_q.shape[1])  # (B, T, T)
 
