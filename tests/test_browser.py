@@ -179,3 +179,18 @@ def test_no_stylesheet_loads_from_another_host():
              for m in re.finditer(r"url\(\s*[\"']?(https?:)?//[^)]*\)|@import\s+[\"']?(https?:)?//",
                                   css.read_text(errors="replace"))]
     assert found == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_every_figure_has_alt_text_that_describes_it(page):
+    """Figures computed by the chapters carry a description (a screen reader reads it, and it shows
+    where the image cannot load), not the file name myst-nb writes when a cell sets none."""
+    figures = [tag for tag in re.findall(r"<img\b[^>]*>", page.read_text(encoding="utf-8"))
+               if "_images/" in tag]
+    bad = []
+    for tag in figures:
+        alt = re.search(r'\balt="([^"]*)"', tag)
+        text = alt.group(1) if alt else ""
+        if len(text.split()) < 4 or text.endswith((".png", ".svg", ".jpg")):
+            bad.append(text or tag)
+    assert not bad, f"{page.name}: figures without a description: {bad}"

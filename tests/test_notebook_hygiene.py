@@ -57,6 +57,23 @@ def test_the_code_a_reader_sees_does_no_bookkeeping_for_the_prose(chapter):
     assert not shown, f"{chapter.name}: move these into a remove-cell cell:\n" + "\n".join(map(str, shown))
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_figure_a_reader_sees_has_alt_text(chapter):
+    """A figure's alt text says what it shows (cell metadata mystnb.image.alt): screen readers
+    read it, and it shows where an image cannot load. myst-nb otherwise writes the file path."""
+    missing = []
+    for cell in _code_cells(chapter):
+        tags = set(cell.metadata.get("tags", []))
+        if tags & {"remove-cell", "remove-output"}:
+            continue
+        if any("image/png" in output.get("data", {}) for output in cell.get("outputs", [])):
+            alt = cell.metadata.get("mystnb", {}).get("image", {}).get("alt", "")
+            if len(alt.split()) < 4:
+                missing.append(cell.get("id"))
+    assert not missing, (f"{chapter.name}: figures without alt text (set "
+                         f"cell.metadata['mystnb']['image']['alt']): {missing}")
+
+
 def test_hygiene_moves_a_marker_comment_into_a_tag():
     cell = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(time.time())", id="timing")
     assert notebook_hygiene.move_nbval_markers_to_tags(cell)

@@ -23,8 +23,9 @@ from tools.nbedit import editing  # noqa: E402
 
 STAGES = [
     ("markdown", "interactive-stages-intro", [],
-     "Here are the same four stages for every token at once, with *cat*'s row outlined. "
-     "Step through them with the buttons or the slider:"),
+     "Here are the same five steps for every token at once, as four stages (scaling and "
+     "softmax share one), with *cat*'s row outlined. Step through them with the buttons or "
+     "the slider:"),
     ("code", "interactive-stages-static", ["remove-cell"],
      'from attnlib import interactive\n\n'
      'stages = interactive.stages(ex, token="cat")  # the four stages, one frame each\n'

@@ -152,8 +152,11 @@ additive_mask = FunctionExercise(
     title="From a boolean mask to an additive one",
     kind="implement",
     task=(
-        "attnlib and PyTorch's `scaled_dot_product_attention` accept a boolean mask, `True` where a "
-        "query may attend, or a float mask that is *added* to the scores. Write "
+        "attnlib and PyTorch's `torch.nn.functional.scaled_dot_product_attention` accept a boolean "
+        "mask, `True` where a query may attend, or a float mask that is *added* to the scores. "
+        "(`scaled_dot_product_attention` is a *fused* attention function: one call computes the whole "
+        "of $\\operatorname{softmax}(QK^\\top/\\sqrt{d_k})\\,V$, where it can, in one pass that never "
+        "stores the $T \\times T$ weights.) Write "
         "`my_additive_mask(mask)` that turns a boolean mask into the float one: `0.0` where the mask "
         "is `True`, `-inf` where it is `False`, same shape."
     ),
@@ -194,9 +197,8 @@ ignore_mask = FunctionExercise(
     title="From scaled_dot_product_attention's mask to nn.MultiheadAttention's",
     kind="implement",
     task=(
-        "PyTorch's `torch.nn.functional.scaled_dot_product_attention` is a fused attention function: "
-        "one call computes the whole of $\\operatorname{softmax}(QK^\\top/\\sqrt{d_k})\\,V$. It reads a "
-        "boolean `attn_mask` as `True` = *may attend*. `torch.nn.MultiheadAttention` reads a boolean "
+        "PyTorch's `scaled_dot_product_attention` reads a boolean `attn_mask` as `True` = *may "
+        "attend*. `torch.nn.MultiheadAttention` reads a boolean "
         "`attn_mask` the other way round: `True` = *ignore this key*. Write `my_ignore_mask(mask)` that "
         "turns a `scaled_dot_product_attention` mask into an `nn.MultiheadAttention` one (boolean, "
         "same shape)."

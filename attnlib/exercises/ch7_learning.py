@@ -133,7 +133,7 @@ _SHIPPED_NO_ZERO_GRAD = _TRAIN_IMPORTS + """def train(model, optimizer, batches)
 _FIXED = _TRAIN_IMPORTS + """def train(model, optimizer, batches):
     losses = []
     for tokens, targets in batches:
-        optimizer.zero_grad()  # the fix: clear the last step's gradients first
+        optimizer.zero_grad()  # the fix: clear old gradients; clipping only rescales
         loss = classification_loss(model(tokens), targets)
         loss.backward()  # d loss / d every parameter, into .grad
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
@@ -205,7 +205,7 @@ fix_zero_grad = FunctionExercise(
     kind="find the bug",
     task=(
         "This loop trains without an error, and its first loss is right, but every later step "
-        "moves the weights the wrong distance. Find the missing line and add it. A useful check: "
+        "moves the weights in the wrong direction. Find the missing line and add it. A useful check: "
         "print the gradient norm of one parameter after each `backward()`."
     ),
     starter=_SHIPPED_NO_ZERO_GRAD,
@@ -235,8 +235,11 @@ fix_zero_grad = FunctionExercise(
     explanation=(
         "`loss.backward()` *adds* the new gradient to each parameter's `.grad`, so that gradients "
         "of several backward passes can be summed on purpose. A training step must therefore start "
-        "by clearing them with `optimizer.zero_grad()`; without it, step n moves the weights along "
-        "the sum of the first n gradients."
+        "by clearing them with `optimizer.zero_grad()`. Without it, `.grad` keeps a running sum of "
+        "every gradient so far, and step n follows that sum rather than this batch's gradient: "
+        "the wrong direction. The size of the step is not what goes wrong: clipping rescales the "
+        "sum in `.grad` to a norm of at most 1, and Adam sizes each weight's step from its recent "
+        "gradients anyway."
     ),
 )
 
