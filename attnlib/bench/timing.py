@@ -142,16 +142,9 @@ def time_cpu(fn, *, warmup=1, warmup_s=0.0, min_repeats=3, max_repeats=20, budge
     ``max_repeats``. With ``flush_bytes``, that much memory is written before
     each timed call, so every call starts with cold caches.
     """
-    first_s, last_s, calls = _warm_up(fn, warmup, warmup_s)
-    flush = cpu_cache_flush(flush_bytes)
-    times = []
-    for _ in range(choose_repeats(last_s, budget_s, min_repeats, max_repeats)):
-        if flush is not None:
-            flush()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return summarize(times, first_s=first_s, warmup=calls, method="perf_counter")
+    (result,) = time_cpu_interleaved([fn], warmup=warmup, warmup_s=warmup_s, min_repeats=min_repeats,
+                                     max_repeats=max_repeats, budget_s=budget_s, flush_bytes=flush_bytes)
+    return result
 
 
 def time_cpu_interleaved(fns, *, contexts=None, warmup=1, warmup_s=0.0, min_repeats=3, max_repeats=20,
@@ -166,7 +159,8 @@ def time_cpu_interleaved(fns, *, contexts=None, warmup=1, warmup_s=0.0, min_repe
     given, holds one context-manager factory per function (or None), entered
     around each of its calls but outside the timed region: for example, the
     choice of SDPA kernel. With ``flush_bytes``, that much memory is written
-    before each timed call.
+    before each timed call. With one function this is :func:`time_cpu`, and
+    its method is plain "perf_counter".
     """
     fns = list(fns)
     if not fns:
@@ -192,7 +186,8 @@ def time_cpu_interleaved(fns, *, contexts=None, warmup=1, warmup_s=0.0, min_repe
                 start = time.perf_counter()
                 fns[i]()
                 times[i].append(time.perf_counter() - start)
-    return [summarize(t, first_s=f, warmup=n, method="perf_counter-interleaved")
+    method = "perf_counter" if len(fns) == 1 else "perf_counter-interleaved"
+    return [summarize(t, first_s=f, warmup=n, method=method)
             for t, f, n in zip(times, first_s, calls)]
 
 
