@@ -10,6 +10,7 @@ The public API, each in a file of its own:
 - :func:`attention_backward`, :func:`backward_backends` (``backward.py``)
 - :func:`multi_head_attention` (``multi_head.py``)
 - :class:`SelfAttention` (``self_attention.py``)
+- :func:`rope`, :func:`sinusoidal_positions` (``positions.py``)
 - :func:`device` (``device.py``)
 - :mod:`attnlib.examples`, the book's running examples
 """
@@ -20,6 +21,7 @@ from .backward import attention_backward, backward_backends
 from .device import device
 from .masks import causal_mask
 from .multi_head import merge_heads, multi_head_attention, split_heads
+from .positions import rope, sinusoidal_positions
 from .projections import project_qkv
 from .scores import score_matrix
 from .self_attention import SelfAttention
@@ -41,7 +43,9 @@ __all__ = [
     "merge_heads",
     "multi_head_attention",
     "project_qkv",
+    "rope",
     "score_matrix",
+    "sinusoidal_positions",
     "softmax",
     "split_heads",
 ]
