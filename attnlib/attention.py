@@ -14,8 +14,9 @@ import numpy as np
 
 from .arrays import as_arrays, is_tensor, torch_available, torch_module
 from .backends.numpy_matrix import masked_scores
-from .errors import NonFiniteError
-from .masks import causal_alignment
+from .errors import MaskError, NonFiniteError
+from .gqa import group_heads
+from .masks import causal_alignment, check_window, with_window
 from .softmax import stable_softmax
 from .validation import check_backend, check_mask, check_qkv, check_scale, dtype_name
 
@@ -26,6 +27,7 @@ _BACKEND_MODULES = {
     "sdpa": "attnlib.backends.sdpa",
     "tiled": "attnlib.backends.tiled",
     "triton": "attnlib.backends.triton_flash",
+    "triton-simple": "attnlib.backends.triton_simple",
 }
 
 
@@ -40,14 +42,14 @@ def _usable(name):
     """Can backend ``name`` run here? NumPy backends always can, without importing torch."""
     if name in ("torch", "sdpa"):
         return torch_available()
-    if name == "triton":
+    if name in ("triton", "triton-simple"):
         return _triton_usable()
     return name in _BACKEND_MODULES
 
 
 def backends():
     """The names of the backends that can run on this machine, readable ones first."""
-    return [name for name in ("numpy", "loop", "tiled", "torch", "sdpa", "triton") if _usable(name)]
+    return [name for name in ("numpy", "loop", "tiled", "torch", "sdpa", "triton-simple", "triton") if _usable(name)]
 
 
 def backend_module(name):
@@ -70,7 +72,8 @@ def _to_backend_kind(arrays, kind, backend_kind, backend):
     return [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
 
 
-def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
+def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, window=None,
+              enable_gqa=False):
     """Scaled dot-product attention.
 
     Parameters
@@ -96,6 +99,16 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
     backend : str, optional
         One of :func:`backends`. Defaults to ``"numpy"`` for NumPy input and
         ``"torch"`` for tensors.
+    window : int, optional
+        A sliding window: each query sees at most the ``window`` most recent keys
+        its causal alignment allows, keys ``i + offset - window < j <= i + offset``.
+        Needs ``causal``. The ``tiled`` backend skips the key blocks outside the
+        window; the others apply it as a mask.
+    enable_gqa : bool
+        Grouped-query attention (SDPA's name and meaning): q has H heads at
+        dimension -3, k and v have H_kv, H divisible by H_kv, and query head h
+        uses key/value head ``h // (H / H_kv)``. Nothing is copied (see
+        :mod:`attnlib.gqa`). A mask then broadcasts to (..., H, T_q, T_k).
 
     Returns
     -------
@@ -116,18 +129,59 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None):
     """
     q, k, v, mask = as_arrays(q=q, k=k, v=v, mask=mask)
     causal = causal_alignment(causal)
+    window = check_window(window, causal)
+    ungroup = None
+    if check_enable_gqa(enable_gqa):  # q (..., H_kv, G, T_q, d); k and v (..., H_kv, 1, T_k, d): views
+        q, k, v, mask, _, ungroup = group_heads(q, k, v, mask)
     kind, shapes = check_qkv(q, k, v)
     mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
     name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
     module = backend_module(name)
+    mask, window_option = window_arguments(mask, shapes, kind, causal, window, q, native=skips_window(module))
     q_b, k_b, v_b, mask_b = _to_backend_kind([q, k, v, mask], kind, module.ARRAY_KIND, name)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, in words
-        out = module.forward(q_b, k_b, v_b, mask_b, causal, scale)
+        out = module.forward(q_b, k_b, v_b, mask_b, causal, scale, **window_option)
     if kind == "numpy" and is_tensor(out):
         out = out.numpy()
     check_scores_fit("attention", out, q.dtype, kind)
-    return out
+    return out if ungroup is None else ungroup(out)  # (..., H, T_q, d_v)
+
+
+def check_enable_gqa(enable_gqa):
+    """``enable_gqa`` must be a bool (a string such as "False" would read as true)."""
+    if not isinstance(enable_gqa, (bool, np.bool_)):
+        raise TypeError(f"enable_gqa must be True or False, got {enable_gqa!r}")
+    return bool(enable_gqa)
+
+
+def skips_window(module):
+    """Does backend ``module`` take ``window=`` itself (and skip the key blocks outside it)?"""
+    return getattr(module, "SKIPS_WINDOW_BLOCKS", False)
+
+
+def window_arguments(mask, shapes, kind, causal, window, like, native=False):
+    """``(mask, extra keyword arguments)`` that apply a sliding window on a backend.
+
+    A backend that skips blocks itself gets ``window=W``; the others get the
+    window's band folded into the mask (:func:`attnlib.masks.with_window`). A
+    user's mask is always folded with the band and checked again, since the two
+    together may leave a query no key.
+    """
+    if window is None:
+        return mask, {}
+    option = {"window": window} if native else {}
+    if mask is None and native:
+        return None, option
+    user_mask = mask is not None
+    mask = with_window(mask, shapes.t_q, shapes.t_k, causal, window, like)
+    if user_mask:
+        try:
+            check_mask(mask, shapes, kind, causal=causal)
+        except MaskError as exc:
+            raise MaskError(f"{exc} (with window={window}, each query sees at most the {window} most "
+                            "recent keys its causal alignment allows)") from None
+    return mask, option
 
 
 def check_scores_fit(what, result, dtype, kind):
@@ -148,14 +202,14 @@ def check_scores_fit(what, result, dtype, kind):
     )
 
 
-def attention_weights(q, k, *, mask=None, causal=False, scale=None):
+def attention_weights(q, k, *, mask=None, causal=False, scale=None, window=None, enable_gqa=False):
     """The attention matrix ``A = softmax(Q K^T * scale + mask)``; every row sums to 1.
 
     Parameters
     ----------
     q : array or tensor, shape (..., T_q, d_k)
     k : array or tensor, shape (..., T_k, d_k)
-    mask, causal, scale
+    mask, causal, scale, window, enable_gqa
         As for :func:`attention`.
 
     Returns
@@ -165,9 +219,14 @@ def attention_weights(q, k, *, mask=None, causal=False, scale=None):
     """
     q, k, mask = as_arrays(q=q, k=k, mask=mask)
     causal = causal_alignment(causal)
+    window = check_window(window, causal)
+    ungroup = None
+    if check_enable_gqa(enable_gqa):
+        q, k, _, mask, _, ungroup = group_heads(q, k, k, mask)
     kind, shapes = check_qkv(q, k)
     mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
+    mask, _ = window_arguments(mask, shapes, kind, causal, window, q)
     if kind == "numpy":
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, in words
             weights = stable_softmax(masked_scores(q, k, mask, causal, scale), axis=-1).astype(q.dtype)
@@ -178,4 +237,4 @@ def attention_weights(q, k, *, mask=None, causal=False, scale=None):
         scores = masked_scores_torch(q, k, mask, causal, scale)  # (..., T_q, T_k), at least float32
         weights = torch.softmax(scores, dim=-1).to(q.dtype)
     check_scores_fit("attention_weights", weights, q.dtype, kind)
-    return weights
+    return weights if ungroup is None else ungroup(weights)  # (..., H, T_q, T_k)

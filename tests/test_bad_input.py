@@ -7,7 +7,7 @@ import torch
 import attnlib
 from attnlib import errors
 
-BACKENDS = [name for name in attnlib.backends() if name != "triton"]
+BACKENDS = [name for name in attnlib.backends() if not name.startswith("triton")]
 
 
 def _qkv(t_q=4, t_k=4, d_k=3, d_v=2, dtype=np.float64):

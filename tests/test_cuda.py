@@ -9,7 +9,7 @@ from conftest import reference_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-GPU_BACKENDS = [name for name in ("torch", "sdpa", "triton") if name in attnlib.backends()]
+GPU_BACKENDS = [name for name in ("torch", "sdpa", "triton", "triton-simple") if name in attnlib.backends()]
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)

@@ -27,7 +27,7 @@ ON_GPU = torch.cuda.is_available()
 _SAVED_INTERPRET = os.environ.get("TRITON_INTERPRET")
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
-from attnlib.backends import triton_backward, triton_flash  # noqa: E402  (the kernels are defined here)
+from attnlib.backends import triton_backward, triton_flash, triton_simple  # noqa: E402  (the kernels are defined here)
 
 if _SAVED_INTERPRET is None:
     os.environ.pop("TRITON_INTERPRET", None)
@@ -448,3 +448,67 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):
 
 def test_backends_lists_triton_where_it_can_run():
     assert "triton" in attnlib.backends()
+
+
+# ---- triton-simple: the teaching kernel -------------------------------------------------
+
+SIMPLE_CASES = [  # (batch, T_q, T_k, d, causal): ragged edges, T_q != T_k, both alignments
+    ((2, 3), 37, 37, 64, False),
+    ((1, 2), 37, 53, 32, "top-left"),
+    ((2,), 21, 50, 16, "bottom-right"),
+    ((1, 1), 1, 40, 128, "bottom-right"),
+    ((3,), 33, 17, 64, None),
+]
+
+
+@pytest.mark.parametrize("batch, t_q, t_k, d, causal", SIMPLE_CASES)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_triton_simple_matches_the_float64_reference(batch, t_q, t_k, d, causal, dtype, tol, rng):
+    q, k, v = (rng.standard_normal((*batch, t, d)) for t in (t_q, t_k, t_k))
+    expected = reference_attention(q, k, v, causal=causal or False)
+    got = attnlib.attention(*_tensors(q, k, v, dtype=dtype), causal=causal or False, backend="triton-simple")
+    assert got.dtype == dtype and got.shape == (*batch, t_q, d)
+    np.testing.assert_allclose(got.double().cpu().numpy(), expected, atol=tol, rtol=tol)
+
+
+def test_triton_simple_agrees_with_the_library_kernel(rng):
+    q, k, v = _tensors(*(rng.standard_normal((2, 2, 45, 64)) for _ in range(3)))
+    for causal in (False, "top-left", "bottom-right"):
+        simple = attnlib.attention(q, k, v, causal=causal, backend="triton-simple")
+        full = attnlib.attention(q, k, v, causal=causal, backend="triton")
+        torch.testing.assert_close(simple, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("what, kwargs, shapes, error, words", [
+    ("a mask", {"mask": np.ones((8, 8), bool)}, ((8, 16), (8, 16), (8, 16)), ValueError, "takes no mask"),
+    ("d = 24", {}, ((8, 24), (8, 24), (8, 24)), ValueError, "d_k = d_v in"),
+    ("d_v != d_k", {}, ((8, 16), (8, 16), (8, 32)), ValueError, "d_k = d_v in"),
+])
+def test_triton_simple_refuses_what_it_leaves_out_and_says_which_backend_can(what, kwargs, shapes, error,
+                                                                            words, rng):
+    q, k, v = _tensors(*(rng.standard_normal(s) for s in shapes))
+    if "mask" in kwargs:
+        kwargs = {**kwargs, "mask": torch.from_numpy(kwargs["mask"])}
+    with pytest.raises(error, match=words) as caught:
+        attnlib.attention(q, k, v, backend="triton-simple", **kwargs)
+    assert "triton-simple" in str(caught.value)
+
+
+def test_triton_simple_refuses_float64_and_rows_without_a_key_when_called_directly(rng):
+    q = _tensors(rng.standard_normal((4, 16)), dtype=torch.float64)[0]
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32, got torch.float64"):
+        triton_simple.forward(q, q, q, None, None, 0.25)
+    q, k = _tensors(rng.standard_normal((9, 16)), rng.standard_normal((4, 16)))
+    with pytest.raises(ValueError, match="leave the first queries no key"):
+        triton_simple.forward(q, k, k, None, "bottom-right", 0.25)
+
+
+def test_triton_simple_kernel_is_at_most_40_lines_of_code():
+    import inspect
+
+    source = inspect.getsource(triton_simple._simple_attn_fwd.fn if hasattr(triton_simple._simple_attn_fwd, "fn")
+                               else triton_simple._simple_attn_fwd)
+    body = source.split('"""')[-1]  # after the docstring
+    code = [line for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
+    header = source.split('"""')[0].splitlines()
+    assert len(code) + len(header) <= 40, len(code) + len(header)

@@ -10,4 +10,6 @@ inputs that :mod:`attnlib.validation` has already checked, and a module-level
 - ``sdpa``: PyTorch's fused ``scaled_dot_product_attention``.
 - ``tiled``: online softmax over key blocks in NumPy; never builds the T x T matrix.
 - ``triton``: a FlashAttention-2-style Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1).
+- ``triton-simple``: the same algorithm in one short kernel, for teaching (forward only;
+  no mask other than causal; fp16, bf16 or fp32; d a power of two up to 128).
 """

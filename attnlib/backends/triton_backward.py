@@ -51,6 +51,7 @@ from .triton_flash import (
     kernel_dtypes,
     mask_arguments,
     padded_head_dim,
+    scale_arguments,
 )
 
 ARRAY_KIND = "torch"
@@ -97,12 +98,12 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, Lse, Delta, Mask, offs_n, lo, hi,
         else:  # keys past T_k read as 0; their rows of dk and dv are never stored
             pT = tl.exp2(qkT * qk_scale - lse[None, :])  # P^T, the forward's weights
         # dV += P^T dO: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dv = tl.dot(pT.to(do.dtype), do, dv, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
         # dP^T = V dO^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M)
         dpT = tl.dot(v, tl.trans(do), out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])  # dS^T, (BLOCK_N, BLOCK_M)
         # dK += dS^T Q: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DK); the scale comes at the end
-        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
     return dk, dv
 
 
@@ -123,10 +124,16 @@ def _attn_bwd_dkdv(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
     UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SCALES_IN_MEMORY: tl.constexpr,
 ):
-    """One program: dK and dV of key tile ``program_id(0)`` of (batch, head) ``program_id(1)``."""
-    start_n = tl.program_id(0)
-    off_hz = tl.program_id(1)
+    """One program: dK and dV of key tile ``pid % n_n`` of (batch, head) ``pid // n_n``."""
+    pid = tl.program_id(0).to(tl.int64)  # a 1-D grid: B * H may exceed the 65,535 of grid axis 1
+    n_n = tl.cdiv(T_k, BLOCK_N)
+    start_n = pid % n_n
+    off_hz = pid // n_n
+    if SCALES_IN_MEMORY:  # fp64: a float argument would reach the kernel as fp32
+        qk_scale = tl.load(qk_scale)
+        scale = tl.load(scale)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
     Q += off_z * stride_qz + off_h * stride_qh
@@ -201,7 +208,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, Mask, offs_m, lo, hi,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
                        UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold key tiles ``lo, lo + BLOCK_N, ..., < hi`` into dq of one query tile."""
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)  # int64: keys * stride_kn may pass 2**31
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -233,7 +240,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, K, V, Mask, offs_m, lo, hi,
         dp = tl.dot(do, vT, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])  # dS, (BLOCK_M, BLOCK_N)
         # dQ += dS K: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DK); the scale comes at the end
-        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
     return dq
 
 
@@ -253,10 +260,16 @@ def _attn_bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
     UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SCALES_IN_MEMORY: tl.constexpr,
 ):
-    """One program: dQ of query tile ``program_id(0)`` of (batch, head) ``program_id(1)``."""
-    start_m = tl.program_id(0)
-    off_hz = tl.program_id(1)
+    """One program: dQ of query tile ``pid % n_m`` of (batch, head) ``pid // n_m``."""
+    pid = tl.program_id(0).to(tl.int64)  # a 1-D grid: B * H may exceed the 65,535 of grid axis 1
+    n_m = tl.cdiv(T_q, BLOCK_M)
+    start_m = pid % n_m
+    off_hz = pid // n_m
+    if SCALES_IN_MEMORY:  # fp64: a float argument would reach the kernel as fp32
+        qk_scale = tl.load(qk_scale)
+        scale = tl.load(scale)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
     Q += off_z * stride_qz + off_h * stride_qh
@@ -311,22 +324,30 @@ def _attn_bwd_dq(
 
 
 # On a GPU: tile shapes to tune among. The dK/dV programs hold a tall key tile and
-# step through short query tiles; the dQ programs the other way round.
-DKDV_CONFIGS = [
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+# step through short query tiles; the dQ programs the other way round. As in the
+# forward (triton_flash.FWD_TILES): (config, largest padded head dim, "tc" or "any").
+DKDV_TILES = [
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2), 64, "tc"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=2), 64, "tc"),
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 128, "any"),
 ]
-DQ_CONFIGS = [
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+DQ_TILES = [
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2), 128, "tc"),
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2), 128, "tc"),
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 128, "any"),
 ]
-_attn_bwd_dkdv_tuned = triton.autotune(configs=DKDV_CONFIGS,
-                                       key=triton_flash.AUTOTUNE_KEY)(_attn_bwd_dkdv)
-_attn_bwd_dq_tuned = triton.autotune(configs=DQ_CONFIGS, key=triton_flash.AUTOTUNE_KEY)(_attn_bwd_dq)
+DKDV_CONFIGS = [config for config, _, _ in DKDV_TILES]
+DQ_CONFIGS = [config for config, _, _ in DQ_TILES]
+_attn_bwd_dkdv_tuned = triton.autotune(
+    configs=DKDV_CONFIGS, key=triton_flash.AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": triton_flash.pruner(DKDV_TILES)})(_attn_bwd_dkdv)
+_attn_bwd_dq_tuned = triton.autotune(
+    configs=DQ_CONFIGS, key=triton_flash.AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": triton_flash.pruner(DQ_TILES)})(_attn_bwd_dq)
 SMALL_PROBLEM_TILES = {  # one fixed tile each on a GPU below triton_flash.AUTOTUNE_MIN_SCORES
     "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
@@ -365,30 +386,33 @@ def grads_from_lse(q4, k4, v4, out, lse, d_out, mask, causal, scale, batch_shape
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=padded_head_dim(d_k), BLOCK_DV=padded_head_dim(d_v),
         CAUSAL=bool(causal), MASK_KIND=mask_kind,
         UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
+        SCALES_IN_MEMORY=q4.dtype == torch.float64,
     )
     sizes = (n_heads, t_q, t_k, causal_offset(t_q, t_k, causal) if causal else 0,
-             scale * triton_flash.LOG2_E, scale,
+             *scale_arguments(q4.dtype, q4.device, scale * triton_flash.LOG2_E, scale),
              triton.next_power_of_2(t_q), triton.next_power_of_2(t_k))
 
     dk = torch.empty((n_batch, n_heads, t_k, d_k), dtype=grad_dtype, device=q4.device)
     dv = torch.empty((n_batch, n_heads, t_k, d_v), dtype=grad_dtype, device=q4.device)
     kernel, options = choose_kernel(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, t_q, t_k, tiles.get("dkdv"),
                                     SMALL_PROBLEM_TILES["dkdv"])
-    kernel[lambda meta: (triton.cdiv(t_k, meta["BLOCK_N"]), n_batch * n_heads)](
+    kernel[lambda meta: (triton.cdiv(t_k, meta["BLOCK_N"]) * n_batch * n_heads,)](
         q4, k4, v4, d_out, lse, delta, mask4, dk, dv,
         *q4.stride(), *k4.stride(), *v4.stride(), *d_out.stride(), *mask_strides,
         *dk.stride(), *dv.stride(), *sizes, **common, **options,
     )
+    triton_flash.record_tile("dkdv", kernel, options)
     if not need_dq:
         return None, dk, dv
     dq = torch.empty((n_batch, n_heads, t_q, d_k), dtype=grad_dtype, device=q4.device)
     kernel, options = choose_kernel(_attn_bwd_dq, _attn_bwd_dq_tuned, t_q, t_k, tiles.get("dq"),
                                     SMALL_PROBLEM_TILES["dq"])
-    kernel[lambda meta: (triton.cdiv(t_q, meta["BLOCK_M"]), n_batch * n_heads)](
+    kernel[lambda meta: (triton.cdiv(t_q, meta["BLOCK_M"]) * n_batch * n_heads,)](
         q4, k4, v4, d_out, lse, delta, mask4, dq,
         *q4.stride(), *k4.stride(), *v4.stride(), *d_out.stride(), *mask_strides,
         *dq.stride(), *sizes, **common, **options,
     )
+    triton_flash.record_tile("dq", kernel, options)
     return dq, dk, dv
 
 

@@ -76,7 +76,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, Mask, offs_m, lo, hi, T_q, T_k, offs
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
                     UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold key tiles ``lo, lo + BLOCK_N, ..., < hi`` into (acc, l_i, m_i) for one query tile."""
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)  # int64: keys * stride_kn may pass 2**31
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -120,7 +120,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, Mask, offs_m, lo, hi, T_q, T_k, offs
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
         # acc += (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV); p in v's dtype, as FlashAttention does
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + l_ij
         m_i = m_ij
     return acc, l_i, m_i
@@ -141,10 +141,15 @@ def _attn_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
     UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SCALES_IN_MEMORY: tl.constexpr,
 ):
-    """One program: query tile ``program_id(0)`` of (batch, head) ``program_id(1)``."""
-    start_m = tl.program_id(0)
-    off_hz = tl.program_id(1)
+    """One program: query tile ``pid % n_m`` of (batch, head) ``pid // n_m``, for ``n_m`` query tiles."""
+    pid = tl.program_id(0).to(tl.int64)  # a 1-D grid: B * H may exceed the 65,535 of grid axis 1
+    n_m = tl.cdiv(T_q, BLOCK_M)
+    start_m = pid % n_m
+    off_hz = pid // n_m
+    if SCALES_IN_MEMORY:  # fp64: a float argument would reach the kernel as fp32
+        qk_scale = tl.load(qk_scale)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
     Q += off_z * stride_qz + off_h * stride_qh
@@ -202,15 +207,52 @@ def _attn_fwd(
 
 # On a GPU: a short list of tile shapes, tuned per (bucketed T_q and T_k, head dims,
 # causal, mask kind) and dtype. tests/test_triton.py runs each one under the interpreter.
-CUDA_CONFIGS = [
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+# Each shape is offered only at the head dimensions where it compiles for sm_90 (H100)
+# without spilling registers (python -m attnlib.bench.sm90 checks every one):
+# (config, largest padded head dimension, "tc" for tensor-core dtypes only or "any").
+FWD_TILES = [
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3), 64, "tc"),
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3), 64, "tc"),
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4), 128, "tc"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2), 128, "tc"),
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4), 128, "tc"),
+    # exact fp32 and fp64 products run on the FMA units and hold their tiles in registers
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 128, "any"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2), 128, "any"),
 ]
+CUDA_CONFIGS = [config for config, _, _ in FWD_TILES]
+
+
+def usable_configs(tiles, block_d, tensor_cores):
+    """The configs of ``tiles`` that autotuning may pick at padded head dim ``block_d``.
+
+    ``tensor_cores``: fp16, bf16 and TF32 products; exact fp32 (``"ieee"``) and
+    fp64 products get the "any" tiles, which are small enough for the FMA units.
+    """
+    return [config for config, max_d, kind in tiles
+            if block_d <= max_d and (kind == "any" or tensor_cores)]
+
+
+def uses_tensor_cores(acc_dtype, dot_precision):
+    """Whether the products run on tensor cores: fp16/bf16 (precision None) or TF32."""
+    return acc_dtype != tl.float64 and dot_precision in (None, "tf32")
+
+
+def pruner(tiles):
+    """An ``early_config_prune`` for :func:`triton.autotune` that keeps :func:`usable_configs`."""
+    def prune(configs, named_args, **kwargs):
+        arg = {**named_args, **kwargs}
+        block_d = max(arg["BLOCK_DK"], arg["BLOCK_DV"])
+        kept = usable_configs(tiles, block_d, uses_tensor_cores(arg["ACC_DTYPE"], arg["DOT_PRECISION"]))
+        return [c for c in configs if any(c is k for k in kept)] or configs[-1:]
+    return prune
+
+
 AUTOTUNE_KEY = ["T_Q_BUCKET", "T_K_BUCKET", "HEAD_DK", "HEAD_DV", "CAUSAL", "MASK_KIND"]
-_attn_fwd_tuned = triton.autotune(configs=CUDA_CONFIGS, key=AUTOTUNE_KEY)(_attn_fwd)
+_attn_fwd_tuned = triton.autotune(configs=CUDA_CONFIGS, key=AUTOTUNE_KEY,
+                                  prune_configs_by={"early_config_prune": pruner(FWD_TILES)})(_attn_fwd)
 # Small problems on a GPU: one fixed tile; compiling and timing every config costs more.
 AUTOTUNE_MIN_SCORES = 2**20  # T_q * T_k from which the GPU autotunes
 SMALL_PROBLEM_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
@@ -264,11 +306,31 @@ def mask_arguments(mask, batch_shape, t_q, t_k, like):
 
 
 def kernel_dtypes(dtype):
-    """``(UPCAST, ACC_DTYPE, DOT_PRECISION)`` for inputs of torch ``dtype``."""
-    exact = dtype in (torch.float32, torch.float64)
+    """``(UPCAST, ACC_DTYPE, DOT_PRECISION)`` for inputs of torch ``dtype``.
+
+    fp32 products are exact ("ieee", on the FMA units) unless
+    ``torch.backends.cuda.matmul.allow_tf32`` is on (the benchmark's ``--tf32 on``);
+    then they run on the tensor cores in TF32, as torch's own fp32 matmuls do.
+    """
+    if dtype == torch.float32:
+        precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 and not RUNS_ON_CPU else "ieee"
+    else:
+        precision = "ieee" if dtype == torch.float64 else None  # fp16/bf16: tensor cores
     return (RUNS_ON_CPU and dtype != torch.float64,
             tl.float64 if dtype == torch.float64 else tl.float32,
-            "ieee" if exact else None)  # fp16/bf16: the default tensor-core path
+            precision)
+
+
+def scale_arguments(dtype, device, *values):
+    """The kernel arguments for float ``values``: Python floats, or one-element fp64 tensors.
+
+    Triton passes a Python float to a kernel as fp32 (a relative error of about
+    1e-8), so for fp64 inputs each value travels as a float64 tensor on
+    ``device`` that the kernel loads (``SCALES_IN_MEMORY``).
+    """
+    if dtype != torch.float64:
+        return tuple(float(x) for x in values)
+    return tuple(torch.full((1,), float(x), dtype=torch.float64, device=device) for x in values)
 
 
 def choose_kernel(jitted, tuned, t_q, t_k, tile, small_tile=SMALL_PROBLEM_TILE):
@@ -280,6 +342,19 @@ def choose_kernel(jitted, tuned, t_q, t_k, tile, small_tile=SMALL_PROBLEM_TILE):
     if t_q * t_k < AUTOTUNE_MIN_SCORES:
         return jitted, small_tile
     return tuned, {}
+
+
+LAST_TILES = {}  # {"fwd" | "dkdv" | "dq": "128x64 w4 s3"}: the tile of each kernel's last launch
+
+
+def record_tile(name, kernel, options):
+    """Note the tile kernel ``name`` just ran with: the autotuner's choice, or the fixed one."""
+    config = getattr(kernel, "best_config", None)
+    if config is not None and not options:
+        block, warps, stages = config.kwargs, config.num_warps, config.num_stages
+    else:
+        block, warps, stages = options, options.get("num_warps", 4), options.get("num_stages", 3)
+    LAST_TILES[name] = f"{block['BLOCK_M']}x{block['BLOCK_N']} w{warps} s{stages}"
 
 
 def padded_head_dim(d):
@@ -308,18 +383,21 @@ def forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile=None):
     upcast, acc_dtype, dot_precision = kernel_dtypes(q4.dtype)
 
     def grid(meta):
-        return (triton.cdiv(t_q, meta["BLOCK_M"]), n_batch * n_heads)
+        return (triton.cdiv(t_q, meta["BLOCK_M"]) * n_batch * n_heads,)
 
     kernel[grid](
         q4, k4, v4, mask4, out, lse,
         *q4.stride(), *k4.stride(), *v4.stride(), *mask_strides, *out.stride(),
-        n_heads, t_q, t_k, causal_offset(t_q, t_k, causal) if causal else 0, scale * LOG2_E,
+        n_heads, t_q, t_k, causal_offset(t_q, t_k, causal) if causal else 0,
+        *scale_arguments(q4.dtype, q4.device, scale * LOG2_E),
         triton.next_power_of_2(t_q), triton.next_power_of_2(t_k),
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=padded_head_dim(d_k), BLOCK_DV=padded_head_dim(d_v),
         CAUSAL=bool(causal), MASK_KIND=mask_kind,
         UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
+        SCALES_IN_MEMORY=q4.dtype == torch.float64,
         **options,
     )
+    record_tile("fwd", kernel, options)
     return out, lse
 
 

@@ -5,6 +5,7 @@ Options left out take their value from ``--preset`` (if given), else from
 """
 
 import argparse
+import dataclasses
 import sys
 
 from .. import device as default_device
@@ -35,6 +36,10 @@ DEFAULTS = {
     "reference": "sdpa-flash",
 }
 
+_GPU_T = [512, 1024, 2048, 4096, 8192, 16384]
+_GPU = {"device": "cuda", "seq_lens": _GPU_T, "batch": 4, "heads": 32, "dtypes": ["float16"], "causal": "both",
+        "tf32": "off", "warmup": 2, "warmup_s": 0.1, "min_repeats": 5, "max_repeats": 30, "budget": 0.3}
+
 PRESETS = {
     # Every kernel at small sizes, on a CPU in well under a minute.
     "quick": {"seq_lens": [128, 256, 512], "batch": 1, "heads": 2, "head_dims": [64], "dtypes": ["float32"],
@@ -44,10 +49,15 @@ PRESETS = {
     "cpu-ratios": {"device": "cpu", "seq_lens": [512, 2048, 4096], "batch": 1, "heads": 8, "head_dims": [64],
                    "dtypes": ["float32"], "causal": "off", "loop_max_t": 4096, "warmup": 1, "warmup_s": 0.5,
                    "min_repeats": 5, "max_repeats": 20, "budget": 2.0},
-    # The book's GPU sweep, for an H100 or H200.
-    "gpu": {"device": "cuda", "seq_lens": [512, 1024, 2048, 4096, 8192, 16384], "batch": 4, "heads": 32,
-            "head_dims": [64, 128], "dtypes": ["float16", "bfloat16", "float32"], "causal": "both",
-            "tf32": "off", "warmup": 2, "warmup_s": 0.2, "min_repeats": 5, "max_repeats": 50, "budget": 0.5},
+    # The book's GPU measurements, for an H100 or H200: B=4, H=32, each preset a run of a few
+    # minutes, so that one call of a GPU session (at most 10 minutes) never loses a whole sweep.
+    "gpu-fwd-d64": {**_GPU, "head_dims": [64]},
+    "gpu-fwd-d128": {**_GPU, "head_dims": [128]},
+    "gpu-fwdbwd-d64": {**_GPU, "head_dims": [64], "direction": "fwd+bwd", "seq_lens": _GPU_T[1:]},
+    "gpu-fwdbwd-d128": {**_GPU, "head_dims": [128], "direction": "fwd+bwd", "seq_lens": _GPU_T[1:]},
+    "gpu-bf16": {**_GPU, "head_dims": [64, 128], "dtypes": ["bfloat16"], "seq_lens": _GPU_T[1:],
+                 "kernels": ["triton", "sdpa-flash", "sdpa-cudnn"]},
+    "gpu-fp32": {**_GPU, "head_dims": [64], "dtypes": ["float32"], "seq_lens": [512, 1024, 2048]},
 }
 
 CAUSAL_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
@@ -57,7 +67,8 @@ def preset_flags(name):
     """The options preset ``name`` stands for, written the way one would type them."""
     flags = []
     for key, value in PRESETS[name].items():
-        shown = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+        separator = "," if key == "kernels" else " "
+        shown = separator.join(map(str, value)) if isinstance(value, list) else str(value)
         flags.append(f"--{key.replace('_', '-')} {shown}")
     return " ".join(flags)
 
@@ -71,7 +82,7 @@ def build_parser():
                     "library versions, TF32 setting and date.",
         epilog="Examples: python -m attnlib.bench --quick | "
                "python -m attnlib.bench --preset cpu-ratios --output book/data/cpu_ratios.csv | "
-               "python -m attnlib.bench --preset gpu --output book/data/gpu_h100.csv",
+               "python -m attnlib.bench --preset gpu-fwd-d64 --output attnlib/data/gpu/fwd_d64.csv",
     )
     what = parser.add_argument_group("what to run")
     what.add_argument("--preset", choices=sorted(PRESETS),
@@ -84,6 +95,9 @@ def build_parser():
                       help="comma-separated kernels to time (default: every one available; "
                            "see --list-kernels)")
     what.add_argument("--list-kernels", action="store_true", help="print the kernels available here and exit")
+    what.add_argument("--dry-run", action="store_true",
+                      help="print what would be timed (the options and the rows) and exit, without timing; "
+                           "works for --device cuda on a machine without a GPU")
     what.add_argument("--seq-lens", "-T", type=int, nargs="+", metavar="T",
                       help=f"sequence lengths (default: {' '.join(map(str, DEFAULTS['seq_lens']))})")
     what.add_argument("--batch", "-B", type=int, help=f"batch size B (default: {DEFAULTS['batch']})")
@@ -136,6 +150,13 @@ def build_parser():
                           "off with more, where one library's spinning threads would slow the next)")
     how.add_argument("--no-memory", action="store_true",
                      help="skip the extra call that measures peak memory")
+    how.add_argument("--no-check", action="store_true",
+                     help="skip the check of each kernel's output (and gradients) against SDPA's math kernel "
+                          "in float64 on one (batch, head), done once before timing it; a kernel that "
+                          "disagrees gets an error row, not a time")
+    how.add_argument("--no-measured-peak", action="store_true",
+                     help="on a GPU, skip the large matrix product per dtype that measures the peak each "
+                          "row's fraction_of_measured_peak divides by")
     how.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
                      help="dense fp16/bf16 peak of a GPU that is not in attnlib.bench.devices; without it "
                           "such a GPU gets no fraction of peak")
@@ -164,6 +185,8 @@ def main(argv=None):
         parser.error("--quick is --preset quick; it cannot be combined with another preset")
     options = resolve_options(args)
     device = default_device() if options["device"] == "auto" else options["device"]
+    if args.dry_run:
+        return dry_run(options, device)
     if device == "cuda":
         import torch
 
@@ -192,6 +215,7 @@ def main(argv=None):
         flush_bytes=None if options["flush_mb"] is None else options["flush_mb"] * 2**20,
         measure_memory=not args.no_memory, peak_tflops=args.peak_tflops, threads=threads,
         interleave=device == "cpu" and (threads == 1 if args.interleave is None else args.interleave),
+        check=not args.no_check,
     )
     configs = sweep.build_configs(
         chosen, options["seq_lens"], batch=options["batch"], heads=options["heads"],
@@ -207,7 +231,14 @@ def main(argv=None):
           f"direction {options['direction']} | "
           f"load average {stamp['load_average']} | "
           f"{len(configs)} rows | {stamp['date_utc']}")
-    rows = sweep.run_sweep(configs, settings, progress=not args.no_progress)
+    if device == "cuda" and not args.no_measured_peak:
+        with sweep.tf32_mode(settings.tf32):
+            peaks = {dtype: devices.measure_matmul_tflops(dtype) for dtype in options["dtypes"]}
+        settings = dataclasses.replace(settings, measured_peaks=peaks)
+        print("# measured matmul peak (8192^3): "
+              + ", ".join(f"{dtype} {tflops:.0f} TFLOP/s" for dtype, tflops in peaks.items()))
+    writer = report.ResultWriter(args.output, stamp, args.format)
+    rows = sweep.run_sweep(configs, settings, progress=not args.no_progress, on_row=writer.add)
     print(report.format_rows(rows))
     for group_rows in report.split_groups(rows).values():
         if any(r["kernel"] == options["reference"] and r["status"] == "ok" for r in group_rows):
@@ -218,11 +249,32 @@ def main(argv=None):
     warning = report.format_flags(rows)
     if warning:
         print("\n" + warning)
+    writer.finish(rows)
     if args.output:
-        report.write_results(args.output, stamp, rows, args.format)
         print(f"\nwrote {len(rows)} rows to {args.output}")
     errors = [r for r in rows if r["status"] == "error"]
     if errors:
         print(f"{len(errors)} rows failed with an error (status 'error'); see their message column",
               file=sys.stderr)
     return 1 if errors else 0
+
+
+def dry_run(options, device):
+    """Print the options and the rows a run would time, and return 0; nothing is timed."""
+    names = options["kernels"] or kernels.available_kernels(device)
+    if device == "cuda":  # on a machine without a GPU, list what a GPU would run
+        names = options["kernels"] or [k for k in kernels.available_kernels("cpu")
+                                       if kernels.array_kind(k) == "torch"] + ["triton-simple", "triton"]
+    configs = sweep.build_configs(
+        names, options["seq_lens"], batch=options["batch"], heads=options["heads"],
+        head_dims=options["head_dims"], dtypes=options["dtypes"],
+        causal_modes=CAUSAL_MODES[options["causal"]], max_t={"loop": options["loop_max_t"]},
+        direction=options["direction"],
+    )
+    shown = {key: value for key, value in options.items() if key != "kernels"}
+    print(f"dry run on {device}: kernels {', '.join(dict.fromkeys(names))}; {shown}")
+    for config in configs:
+        print(f"  {config.kernel} B={config.B} H={config.H} T={config.T} d={config.d} {config.dtype} "
+              f"causal={config.causal} {config.direction}")
+    print(f"{len(configs)} rows would be timed")
+    return 0

@@ -23,6 +23,8 @@ Sources (vendor numbers; datasheets list fp16 "with sparsity", twice the dense v
 
 import os
 import platform
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 
@@ -117,3 +119,61 @@ def device_name(device):
 
         return torch.cuda.get_device_name()
     return f"{_cpu_model()} ({os.cpu_count()} CPUs)"
+
+
+GPU_STATE_FIELDS = ("clocks.sm", "clocks.max.sm", "clocks.mem", "power.draw", "power.limit",
+                    "temperature.gpu", "clocks_throttle_reasons.active")
+
+
+def _nvidia_smi(fields):
+    """``nvidia-smi --query-gpu=...`` for the first GPU, as a list of strings; None without it."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        result = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    line = result.stdout.strip().splitlines()[0] if result.stdout.strip() else ""
+    values = [v.strip() for v in line.split(",")]
+    return values if len(values) == len(fields) else None
+
+
+def driver_version():
+    """The NVIDIA driver's version, from nvidia-smi; None where it cannot be read."""
+    values = _nvidia_smi(["driver_version"])
+    return None if values is None else values[0]
+
+
+def gpu_state():
+    """``"clocks.sm=1980 MHz; ...; clocks_throttle_reasons.active=0x0000..."``: the GPU now, or None.
+
+    Read at the start and at the end of a run: a clock that fell, a power draw at
+    its limit or a throttle reason other than 0 (idle) or 0x1 (GPU idle) says
+    that the GPU slowed down while it was measured.
+    """
+    values = _nvidia_smi(GPU_STATE_FIELDS)
+    if values is None:
+        return None
+    return "; ".join(f"{name}={value}" for name, value in zip(GPU_STATE_FIELDS, values))
+
+
+def measure_matmul_tflops(dtype, n=8192, budget_s=0.5):
+    """TFLOP/s of an (n x n) @ (n x n) product in ``dtype`` on the GPU: a measured peak.
+
+    Datasheet peaks are rarely reached: a large, square matrix product from
+    cuBLAS is about the most any kernel on this GPU can do in that dtype, so a
+    kernel's fraction of it says how much room is left. Timed like every row
+    (CUDA events, warm-up, median), on random inputs. float32 follows
+    ``torch.backends.cuda.matmul.allow_tf32``.
+    """
+    import torch
+
+    from .timing import time_cuda
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn((n, n), generator=generator, device="cuda", dtype=getattr(torch, dtype))
+            for _ in range(2))
+    result = time_cuda(lambda: a @ b, warmup=3, warmup_s=0.2, min_repeats=10, max_repeats=50,
+                       budget_s=budget_s, flush_bytes=0)
+    return 2 * n**3 / result.median_s / 1e12

@@ -58,7 +58,7 @@ def available_kernels(device):
     for name in backends():
         if name == "sdpa":
             kernels += list(SDPA_KERNELS)
-        elif name == "triton":
+        elif name in ("triton", "triton-simple"):
             if device == "cuda":
                 kernels.append(name)
         elif backend_module(name).ARRAY_KIND == "torch" or device == "cpu":
@@ -169,3 +169,95 @@ def make_backward_call(kernel, q, k, v, causal, threads=None, direction="bwd"):
     with pinned(kernel), torch.enable_grad():
         out = forward(*leaves, None, causal, scale)
     return lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True)
+
+
+# Largest error a kernel may show against the float64 reference, relative to max(1, max |reference|),
+# per dtype: far above rounding (fp16 keeps 11 bits, bf16 8), far below a wrong result (errors of order 1).
+CHECK_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 1e-10}
+TF32_TOLERANCE = 2e-2  # fp32 products in TF32 keep 10 bits, like fp16
+
+
+def _as_float64(x):
+    """A float64 torch tensor on x's device (NumPy arrays: on the CPU)."""
+    import torch
+
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x.astype(np.float64))
+    return x.detach().to(torch.float64)
+
+
+def _reference(q, k, v, causal, d_out):
+    """Float64 output and, with ``d_out``, gradients of SDPA's math kernel, on the inputs' device."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = [_as_float64(x).requires_grad_(d_out is not None) for x in (q, k, v)]
+    with sdpa_kernel(SDPBackend.MATH), torch.enable_grad():
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=bool(causal))
+        if d_out is None:
+            return [out.detach()]
+        grads = torch.autograd.grad(out, leaves, _as_float64(d_out).to(out.device))
+    return [out.detach(), *grads]
+
+
+def check_against_reference(kernel, q, k, v, causal, direction="fwd", tf32=False):
+    """The kernel's largest relative error against SDPA's math kernel in float64, on one (batch, head).
+
+    The kernel runs on the first (batch, head) of the inputs (so the check costs
+    1 / (B * H) of a timed call); the forward output is compared, and for "bwd" and
+    "fwd+bwd" the gradients of q, k and v too. Returns
+    ``max |got - expected| / max(1, max |expected|)`` over all of them: a number to
+    hold against :data:`CHECK_TOLERANCE`.
+    """
+    qs, ks, vs = (x[:1, :1].copy() if isinstance(x, np.ndarray) else x[:1, :1].contiguous() for x in (q, k, v))
+    with pinned(kernel):
+        outputs = [make_call(kernel, qs, ks, vs, causal)()]
+        d_out = None
+        if direction != "fwd":
+            d_out = upstream_gradient(outputs[0])
+            outputs += list(_gradients(kernel, qs, ks, vs, causal, d_out))
+    expected = _reference(qs, ks, vs, causal, d_out)
+    worst = 0.0
+    for got, want in zip(outputs, expected):
+        error = float((_as_float64(got).to(want.device) - want).abs().max())
+        worst = max(worst, error / max(1.0, float(want.abs().max())))
+    return worst
+
+
+def _gradients(kernel, q, k, v, causal, d_out):
+    """``(dq, dk, dv)`` of ``kernel`` (its backward function, or torch autograd through it)."""
+    from ..backward import backward_function
+
+    name = backend_of(kernel)
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
+    causal = "top-left" if causal else None
+    try:
+        backward, kind = backward_function(name)
+    except ValueError:
+        raise NotImplementedError(f"backend {name!r} has no backward pass") from None
+    if kind == "numpy":
+        return backward(q, k, v, d_out, None, causal, scale)
+    import torch
+
+    leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        out = backend_module(name).forward(*leaves, None, causal, scale)
+        return torch.autograd.grad(out, leaves, d_out)
+
+
+def check_tolerance(dtype, tf32=False):
+    """The largest error :func:`check_against_reference` may return for ``dtype``."""
+    return TF32_TOLERANCE if dtype == "float32" and tf32 else CHECK_TOLERANCE[dtype]
+
+
+def tiles_used(kernel, direction):
+    """For a Triton kernel: ``"fwd 128x64 w4 s3"`` and the backward kernels' tiles of its last launch."""
+    if not kernel.startswith("triton"):
+        return None
+    from ..backends import triton_flash
+
+    launched = triton_flash.LAST_TILES
+    names = ["fwd"] if direction == "fwd" or kernel == "triton-simple" else ["fwd", "dkdv", "dq"]
+    if kernel == "triton-simple":
+        launched = __import__("attnlib.backends.triton_simple", fromlist=["LAST_TILES"]).LAST_TILES
+    return "; ".join(f"{name} {launched[name]}" for name in names if name in launched) or None

@@ -12,9 +12,12 @@ and the command line.
 import csv
 import datetime
 import json
+import os
 import platform
 import sys
 from pathlib import Path
+
+from . import devices
 
 # Every row has exactly these fields; a value is None (empty in a CSV) when it
 # does not apply: no timing for a row that did not run, no fraction of peak
@@ -50,10 +53,16 @@ ROW_COLUMNS = {
     "memory_method": str,  # which instrument measured peak_extra_bytes
     "times_ms": str,  # every timed call, in order, space-separated (empty for do_bench)
     "flag": str,  # why this row's time is not to be trusted (see flag_rows); None when it looks sound
+    "check_error": float,  # largest |kernel - reference| / max(1, max |reference|) on a slice, before timing
+    "tile": str,  # for Triton rows: the tile each kernel ran with (the autotuner's choice on a GPU)
+    "measured_peak_tflop_per_s": float,  # a large matmul in this dtype, measured in the same run
+    "fraction_of_measured_peak": float,  # tflop_per_s / measured_peak_tflop_per_s
 }
 
 # Columns added after files were first committed: a file without them reads as None.
-OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average", "direction")
+OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average", "direction", "check_error", "tile",
+                    "measured_peak_tflop_per_s", "fraction_of_measured_peak", "driver_version",
+                    "cudnn_version", "gpu_state_start", "gpu_state_end")
 
 NOISY_IQR_OVER_MEDIAN = 0.2  # a row whose IQR is more than this fraction of its median is flagged
 
@@ -69,6 +78,10 @@ STAMP_COLUMNS = {
     "platform": str,
     "command": str,
     "load_average": str,  # the 1, 5 and 15 minute load averages when the run started (os.getloadavg)
+    "driver_version": str,  # the NVIDIA driver (nvidia-smi); None on a CPU
+    "cudnn_version": str,  # torch.backends.cudnn.version(); None without cuDNN
+    "gpu_state_start": str,  # SM and memory clocks, power, temperature, throttle reasons, at the start
+    "gpu_state_end": str,  # the same at the end of the run (the last row written so far, while it runs)
 }
 
 # The stamp of a JSON file also holds these, which a CSV keeps per row.
@@ -109,7 +122,18 @@ def make_stamp(*, device, device_name, tf32, dtypes, command, threads=None):
         "platform": platform.platform(),
         "command": command,
         "load_average": load_average(),
+        "driver_version": devices.driver_version() if device == "cuda" else None,
+        "cudnn_version": _cudnn_version() if device == "cuda" else None,
+        "gpu_state_start": devices.gpu_state() if device == "cuda" else None,
+        "gpu_state_end": None,
     }
+
+
+def _cudnn_version():
+    import torch
+
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return None if version is None else str(version)
 
 
 def load_average():
@@ -140,12 +164,46 @@ def write_csv(path, stamp, rows):
 
 
 def write_results(path, stamp, rows, fmt=None):
-    """Write ``rows`` to ``path`` as "csv" or "json" (default: from the file's suffix)."""
+    """Write ``rows`` to ``path`` as "csv" or "json" (default: from the file's suffix).
+
+    The file is written beside ``path`` and then renamed over it, so a run killed
+    while writing leaves the previous complete file, never half of one.
+    """
     fmt = fmt or ("json" if str(path).endswith(".json") else "csv")
     if fmt not in ("csv", "json"):
         raise ValueError(f"format must be 'csv' or 'json', got {fmt!r}")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    (write_json if fmt == "json" else write_csv)(path, stamp, rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    (write_json if fmt == "json" else write_csv)(partial, stamp, rows)
+    os.replace(partial, path)
+
+
+class ResultWriter:
+    """Writes a run's file again after every row, so that a run stopped halfway keeps what it measured.
+
+    ``add(row)`` appends a row and rewrites the file (atomically, see
+    :func:`write_results`); ``finish()`` records the GPU's state at the end in the
+    stamp and writes the file a last time. With ``path`` None nothing is written.
+    """
+
+    def __init__(self, path, stamp, fmt=None):
+        self.path, self.stamp, self.fmt, self.rows = path, stamp, fmt, []
+
+    def add(self, row):
+        self.rows.append(row)
+        self._write()
+
+    def finish(self, rows=None):
+        if rows is not None:
+            self.rows = list(rows)
+        if self.stamp.get("device") == "cuda":
+            self.stamp["gpu_state_end"] = devices.gpu_state()
+        self._write()
+
+    def _write(self):
+        if self.path is not None and self.rows:
+            write_results(self.path, self.stamp, self.rows, self.fmt)
 
 
 def _parse(text, kind):

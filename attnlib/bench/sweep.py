@@ -51,6 +51,8 @@ class Settings:
     peak_tflops: float | None = None  # a user-supplied dense peak, for a device not in the table
     threads: int | None = None  # CPU threads for torch and BLAS; None leaves their defaults
     interleave: bool = False  # on a CPU, time the kernels of one size in turns (run_interleaved)
+    check: bool = True  # compare each kernel with the float64 reference once before timing it
+    measured_peaks: dict | None = None  # {dtype: TFLOP/s of a large matmul measured in this run}
 
 
 def build_configs(kernel_names, seq_lens, *, batch=1, heads=8, head_dims=(64,), dtypes=("float32",),
@@ -185,10 +187,29 @@ def _prepare(config, settings, device_name, inputs):
                                          settings.device)
         fn = kernels.make_call(config.kernel, *inputs, config.causal, threads=settings.threads,
                                direction=config.direction)
+        if settings.check and not _output_agrees(row, config, settings, inputs):
+            return row, None
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
         _fail(row, exc, [], settings)
         return row, None
     return row, fn
+
+
+def _output_agrees(row, config, settings, inputs):
+    """Check the kernel against the float64 reference (see kernels.check_against_reference).
+
+    Records the error in the row; a kernel that disagrees gets status "error" and no time.
+    """
+    error = kernels.check_against_reference(config.kernel, *inputs, config.causal, config.direction,
+                                            tf32=settings.tf32)
+    row["check_error"] = error
+    tolerance = kernels.check_tolerance(config.dtype, settings.tf32)
+    if error <= tolerance:  # False for NaN too
+        return True
+    row.update(status="error", message=f"not timed: its output differs from the float64 reference by "
+                                       f"{error:.2e} (relative), more than the {tolerance:.0e} allowed for "
+                                       f"{config.dtype}")
+    return False
 
 
 def _fail(row, exc, caught, settings):
@@ -213,6 +234,11 @@ def _finish(row, config, fn, result, settings):
     row["tflop_per_s"] = achieved / 1e12
     if row["peak_tflop_per_s"] is not None:
         row["fraction_of_peak"] = achieved / (row["peak_tflop_per_s"] * 1e12)
+    measured = (settings.measured_peaks or {}).get(config.dtype)
+    if measured:
+        row["measured_peak_tflop_per_s"] = measured
+        row["fraction_of_measured_peak"] = row["tflop_per_s"] / measured
+    row["tile"] = kernels.tiles_used(config.kernel, config.direction)
     return row
 
 
@@ -290,14 +316,15 @@ def _same_sizes(config):
     return (config.B, config.H, config.T, config.d, config.dtype, config.causal, config.direction)
 
 
-def run_sweep(configs, settings, *, progress=True):
+def run_sweep(configs, settings, *, progress=True, on_row=None):
     """Run every configuration; return the rows, in the order of ``configs``.
 
     Inputs are made once and shared by consecutive rows of the same sizes
     and array kind. With ``settings.interleave`` on a CPU, consecutive rows
     that differ only in their kernel are timed in turns
     (:func:`run_interleaved`). A progress bar goes to stderr unless
-    ``progress`` is False.
+    ``progress`` is False. ``on_row(row)`` is called with each row as soon as it
+    is measured (the command line writes its file then), before the rows are flagged.
     """
     from tqdm import tqdm
 
@@ -325,10 +352,14 @@ def run_sweep(configs, settings, *, progress=True):
                         cached[key] = None
                 inputs_of[kind] = cached[key]
             if len(group) > 1:
-                rows.extend(run_interleaved(group, settings, device_name, inputs_of))
+                new_rows = run_interleaved(group, settings, device_name, inputs_of)
             else:
-                rows.append(run_config(first, settings, device_name,
-                                       inputs=inputs_of[kernels.array_kind(first.kernel)]))
+                new_rows = [run_config(first, settings, device_name,
+                                       inputs=inputs_of[kernels.array_kind(first.kernel)])]
+            rows.extend(new_rows)
+            for row in new_rows:
+                if on_row is not None:
+                    on_row(row)
             bar.update(len(group))
     bar.close()
     report.flag_rows(rows)
