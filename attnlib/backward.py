@@ -26,9 +26,10 @@ import importlib
 import numpy as np
 
 from .arrays import array_kind, as_arrays, is_tensor, torch_module
-from .attention import _to_backend_kind, backend_module, backends
+from .attention import _to_backend_kind, backend_module, backends, check_enable_gqa, window_arguments
 from .errors import DTypeError, NonFiniteError, ShapeError
-from .masks import causal_alignment
+from .gqa import check_gqa_heads, group_heads
+from .masks import causal_alignment, check_window
 from .validation import (
     check_backend,
     check_finite,
@@ -80,6 +81,23 @@ def check_d_out(d_out, q, shapes):
     check_finite("d_out", d_out, kind)
 
 
+def check_gqa_d_out(q, k, v, d_out):
+    """With ``enable_gqa``, ``d_out`` must have the output's shape (..., H, T_q, d_v) before grouping."""
+    n_heads, _ = check_gqa_heads(q, k, v)
+    array_kind(q=q, d_out=d_out)  # MixedArrayTypesError for NumPy with torch
+    try:
+        batch = np.broadcast_shapes(*(tuple(x.shape[:-3]) for x in (q, k, v)))
+    except ValueError:
+        return  # group_heads names the shapes that do not broadcast
+    expected = (*batch, n_heads, int(q.shape[-2]), int(v.shape[-1]))
+    if tuple(int(n) for n in d_out.shape) != expected:
+        raise ShapeError(
+            f"d_out has shape {tuple(int(n) for n in d_out.shape)} but the output of attention with "
+            f"enable_gqa=True has shape {expected} (batch..., H={n_heads}, T_q, d_v): d_out holds one "
+            "gradient per output entry"
+        )
+
+
 def sum_to_shape(grad, shape):
     """Sum ``grad`` over the dimensions broadcasting added or stretched, back to ``shape``.
 
@@ -94,13 +112,16 @@ def sum_to_shape(grad, shape):
     return grad.reshape(tuple(shape))
 
 
-def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, backend=None):
+def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, backend=None, window=None,
+                       enable_gqa=False):
     """Gradients of attention: ``(dq, dk, dv)`` for the upstream gradient ``d_out``.
 
     Parameters
     ----------
-    q, k, v, mask, causal, scale
-        As for :func:`attnlib.attention`, and checked the same way.
+    q, k, v, mask, causal, scale, window, enable_gqa
+        As for :func:`attnlib.attention`, and checked the same way. With
+        ``enable_gqa``, dk and dv sum the gradients of the query heads that share
+        each key/value head. A window is applied as a mask on every backend.
     d_out : array or tensor, shape (..., T_q, d_v)
         The gradient of a loss with respect to ``attention(q, k, v, ...)``: the
         output's exact (broadcast) shape, and the dtype of q.
@@ -122,10 +143,17 @@ def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, b
     """
     q, k, v, d_out, mask = as_arrays(q=q, k=k, v=v, d_out=d_out, mask=mask)
     causal = causal_alignment(causal)
+    window = check_window(window, causal)
+    original_shapes = None
+    if check_enable_gqa(enable_gqa):  # as in attention: (..., H_kv, G, T, d) views, k and v with G = 1
+        original_shapes = (q.shape, k.shape, v.shape)
+        check_gqa_d_out(q, k, v, d_out)
+        q, k, v, mask, d_out, _ = group_heads(q, k, v, mask, d_out=d_out)
     kind, shapes = check_qkv(q, k, v)
     check_d_out(d_out, q, shapes)
     mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
+    mask, _ = window_arguments(mask, shapes, kind, causal, window, q)
     name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
     backward, backend_kind = backward_function(name)
     if kind == "torch":  # the gradients are computed, not recorded
@@ -139,6 +167,8 @@ def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, b
                 grad = grad.cpu().numpy()
             result.append(grad.to(q.dtype) if kind == "torch" else grad.astype(q.dtype, copy=False))
     _check_finite_grads(result, q.dtype, kind)
+    if original_shapes is not None:  # back from the grouped views to the shapes of q, k and v
+        result = [grad.reshape(tuple(shape)) for grad, shape in zip(result, original_shapes)]
     return tuple(result)
 
 

@@ -43,7 +43,7 @@ def causal_offset(t_q, t_k, alignment):
     return 0 if alignment == "top-left" else int(t_k) - int(t_q)
 
 
-def causal_mask(T, T_k=None, alignment="top-left"):
+def causal_mask(T, T_k=None, alignment="top-left", window=None):
     """Boolean (T, T_k) mask, True where query i may attend to key j, i.e. ``j <= i + offset``.
 
     A decoder (GPT) uses it so that no token sees the tokens after it; an
@@ -52,13 +52,42 @@ def causal_mask(T, T_k=None, alignment="top-left"):
     ``is_causal=True``) lets query i see keys 0..i, and "bottom-right"
     (flash_attn's) lines the last query up with the last key: query i sees keys
     0..i + T_k - T.
+
+    ``window=W`` (a sliding window, as in Longformer and Mistral) also drops the
+    keys more than W - 1 places before that last allowed key: query i sees
+    ``i + offset - W < j <= i + offset``, at most W keys, a band W wide.
     """
     T_k = T if T_k is None else T_k
     for name, value in (("T", T), ("T_k", T_k)):
         if isinstance(value, bool) or int(value) != value or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     offset = causal_offset(T, T_k, alignment)
-    return np.tri(int(T), int(T_k), k=offset, dtype=bool)  # (T, T_k), on and below diagonal `offset`
+    keep = np.tri(int(T), int(T_k), k=offset, dtype=bool)  # (T, T_k), on and below diagonal `offset`
+    if window is not None:
+        window = check_window(window, alignment)
+        keep &= ~np.tri(int(T), int(T_k), k=offset - window, dtype=bool)  # drop j <= i + offset - W
+    return keep
+
+
+def check_window(window, causal):
+    """The sliding window W as an int >= 1, or None; a clear error for anything else.
+
+    A window counts back from the last key a query may see, so it needs a causal
+    alignment (``causal`` True, "top-left" or "bottom-right").
+    """
+    if window is None:
+        return None
+    if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)):
+        raise TypeError(f"window must be a positive int (the number of most recent keys a query "
+                        f"sees) or None, got {window!r} of type {type(window).__name__}")
+    if window < 1:
+        raise ValueError(f"window must be at least 1 (each query sees at most `window` keys, itself "
+                         f"included), got window={int(window)}")
+    if causal_alignment(causal) is None:
+        raise ValueError(f"window={int(window)} needs causal=True, 'top-left' or 'bottom-right', but causal "
+                         "is off: a sliding window counts back from the last key a query may see, which "
+                         "only a causal alignment defines")
+    return int(window)
 
 
 def to_additive(mask, dtype=None):
@@ -77,3 +106,34 @@ def to_additive(mask, dtype=None):
 def to_ignore_mask(mask):
     """attnlib/SDPA "may attend" mask -> ``nn.MultiheadAttention``'s "ignore" mask."""
     return ~mask
+
+
+def with_window(mask, t_q, t_k, causal, window, like):
+    """``mask`` with the sliding-window band folded in: what a backend without its own window applies.
+
+    Parameters
+    ----------
+    mask : array or tensor or None
+        A validated mask, broadcastable to (..., T_q, T_k): boolean (True = may
+        attend) or additive float.
+    t_q, t_k : int
+    causal : "top-left" or "bottom-right"
+    window : int
+    like : array or tensor
+        Decides the kind (NumPy or torch) and the device of the band.
+
+    Returns
+    -------
+    The band ``causal_mask(t_q, t_k, causal, window)`` (T_q, T_k) when ``mask`` is None;
+    else ``mask`` and the band together: ``mask & band`` for a boolean mask, -inf outside
+    the band for a float one.
+    """
+    band = causal_mask(t_q, t_k, causal, window)  # (T_q, T_k)
+    if is_tensor(like):
+        band = torch_module().from_numpy(band).to(like.device)
+        if mask is None:
+            return band
+        return mask & band if mask.dtype == torch_module().bool else mask.masked_fill(~band, float("-inf"))
+    if mask is None:
+        return band
+    return mask & band if mask.dtype == np.bool_ else np.where(band, mask, -np.inf).astype(mask.dtype)

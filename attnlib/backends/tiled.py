@@ -37,7 +37,10 @@ user's mask is read block by block (a (T_q, T_k) mask is the user's memory, not
 the backend's).
 
 Masks: with ``causal``, key blocks entirely above the diagonal are skipped and
-only blocks that cross it are masked entry by entry. A boolean mask (True = may
+only blocks that cross it are masked entry by entry. With a sliding ``window``
+of W keys, key blocks entirely before every row's window are skipped too, so a
+query block visits about (W + block_size) / block_size key blocks whatever T is:
+the cost grows as T * W, not T^2. A boolean mask (True = may
 attend) sets dropped scores to -inf; a float mask is added to the scores.
 
 Speed: NumPy runs element-wise operations (max, exp) on one core and matrix
@@ -55,16 +58,17 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..arrays import as_arrays
-from ..masks import causal_alignment, causal_offset
+from ..masks import causal_alignment, causal_offset, check_window
 from ..validation import check_mask, check_qkv, check_scale
 
 ARRAY_KIND = "numpy"
+SKIPS_WINDOW_BLOCKS = True  # forward(..., window=W) visits only the key blocks inside the window
 
 BLOCK_SIZE = 1024  # queries and keys per block: 4 MiB of float32 scores per worker; 512 was a few % slower
 INLINE_FLOPS = 2**24  # below this much work, threads cost more than they save: run in the caller
 
 
-def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None):
+def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None, window=None):
     """The key blocks that query rows ``i0 : i0 + n_q`` visit, as ``(j0, j1, on_diagonal)``.
 
     Without ``causal`` that is every block of ``block_size`` keys. With it,
@@ -72,18 +76,26 @@ def key_blocks(i0, n_q, t_k, block_size, causal=False, t_q=None):
     ``True``/"top-left"; ``T_k - T_q`` for "bottom-right", which needs ``t_q``,
     the number of queries, defaulting to ``t_k``). So a block whose first key
     comes after the last row's last allowed key (``j0 > i0 + n_q - 1 + offset``)
-    is skipped: every score in it would be masked. ``on_diagonal`` is True for a
-    visited block that still holds some key j > i + offset for some row i, so it
-    needs the causal mask entry by entry; the blocks below the diagonal need none.
+    is skipped: every score in it would be masked. With a ``window`` of W keys,
+    row i also drops keys ``j <= i + offset - W``, so the blocks that end before
+    the first row's window (``j1 - 1 <= i0 + offset - W``) are skipped as well.
+    ``on_diagonal`` is True for a visited block that still holds some key a row
+    may not see (after its diagonal, or before its window), so it needs the mask
+    entry by entry; the blocks in between need none.
     """
     offset = causal_offset(t_k if t_q is None else t_q, t_k, causal) if causal else None
     end = t_k if offset is None else max(0, min(t_k, i0 + n_q + offset))
-    for j0 in range(0, end, block_size):
+    start = 0
+    if window is not None:  # the first row's oldest key is i0 + offset - W + 1
+        start = max(0, i0 + offset - window + 1) // block_size * block_size
+    for j0 in range(start, end, block_size):
         j1 = min(j0 + block_size, t_k)
-        yield j0, j1, offset is not None and j1 - 1 > i0 + offset
+        after_diagonal = offset is not None and j1 - 1 > i0 + offset
+        before_window = window is not None and j0 <= i0 + n_q - 1 + offset - window
+        yield j0, j1, after_diagonal or before_window
 
 
-def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
+def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size, window=None):
     """Output rows ``i0 : i0 + n_q`` by online softmax over blocks of keys, and their log-sum-exp.
 
     Parameters
@@ -101,6 +113,8 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
     causal : None, "top-left" or "bottom-right"
     t_q : int
         The number of queries in the whole sequence, for "bottom-right".
+    window : int or None
+        Row i sees only keys ``i + offset - window < j <= i + offset``.
 
     Returns
     -------
@@ -115,11 +129,14 @@ def _attend_query_block(q_blk, k, v, mask, i0, causal, t_q, block_size):
     n_k = min(block_size, t_k)
     scores = np.empty((*q_blk.shape[:-1], n_k), dtype=q_blk.dtype)  # one block's scores, reused
     ones = np.ones(n_k, dtype=q_blk.dtype)  # p @ ones sums each row, faster than p.sum(axis=-1)
-    for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal, t_q):
+    for j0, j1, on_diagonal in key_blocks(i0, n_q, t_k, block_size, causal, t_q, window):
         s = np.matmul(q_blk, k[..., j0:j1, :].swapaxes(-2, -1), out=scores[..., : j1 - j0])  # (n_q, n_k)
-        if on_diagonal:  # drop keys j > i + offset
-            future = np.arange(j0, j1) > np.arange(i0 + offset, i0 + offset + n_q)[:, None]  # (n_q, n_k)
-            np.copyto(s, -np.inf, where=future)
+        if on_diagonal:  # drop keys j > i + offset (and, with a window, j <= i + offset - window)
+            last = np.arange(i0 + offset, i0 + offset + n_q)[:, None]  # (n_q, 1): each row's last key
+            dropped = np.arange(j0, j1) > last  # (n_q, n_k)
+            if window is not None:
+                dropped |= np.arange(j0, j1) <= last - window
+            np.copyto(s, -np.inf, where=dropped)
         if mask is not None:
             if mask.dtype == np.bool_:
                 np.copyto(s, -np.inf, where=~mask[..., j0:j1])  # True = may attend
@@ -181,13 +198,16 @@ def _one_blas_thread():
     return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
-def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None, return_lse=False):
+def forward(q, k, v, mask, causal, scale, *, window=None, block_size=BLOCK_SIZE, workers=None,
+            return_lse=False):
     """Tiled attention on validated NumPy inputs; the backend entry point.
 
     Parameters
     ----------
     q, k, v, mask, causal, scale
         As for :func:`attnlib.attention`, already checked.
+    window : int, optional
+        A sliding window (needs ``causal``): key blocks outside every row's window are skipped.
     block_size : int
         Queries per query block and keys per key block.
     workers : int, optional
@@ -226,11 +246,12 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
         rows = (*b, slice(i0, min(i0 + block_size, t_q)), slice(None))
         mask_rows = None if mask is None else mask[rows]
         output[rows], lse_rows = _attend_query_block(q_scaled[rows], k[b], v[b], mask_rows, i0, causal, t_q,
-                                                     block_size)
+                                                     block_size, window)
         if lse is not None:
             lse[rows[:-1]] = lse_rows
 
-    flops = 2 * int(np.prod(batch_shape)) * t_q * t_k * (q.shape[-1] + v.shape[-1])
+    keys_seen = t_k if window is None else min(t_k, window + block_size)  # per query, about
+    flops = 2 * int(np.prod(batch_shape)) * t_q * keys_seen * (q.shape[-1] + v.shape[-1])
     if flops < INLINE_FLOPS:  # small: every (batch, head) at once, in this thread
         for i0 in range(0, t_q, block_size):
             run(((...,), i0))
@@ -240,7 +261,8 @@ def forward(q, k, v, mask, causal, scale, *, block_size=BLOCK_SIZE, workers=None
     return (output, lse) if return_lse else output
 
 
-def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=BLOCK_SIZE, workers=None):
+def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, window=None, block_size=BLOCK_SIZE,
+                    workers=None):
     """Scaled dot-product attention by online softmax, never holding the (T_q, T_k) matrix.
 
     The same inputs, checks, errors and results as
@@ -260,6 +282,9 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=
         As for :func:`attnlib.attention`: True or "top-left", "bottom-right", or False.
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
+    window : int, optional
+        As for :func:`attnlib.attention`: each query sees at most the ``window``
+        most recent keys; the key blocks outside the window are skipped.
     block_size : int
         Queries per query block and keys per key block. Peak extra memory is
         about ``workers * block_size**2`` scores plus copies of q, k and v.
@@ -270,8 +295,11 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=
     -------
     array, shape (..., T_q, d_v)
     """
+    from ..attention import window_arguments
+
     q, k, v, mask = as_arrays(q=q, k=k, v=v, mask=mask)
     causal = causal_alignment(causal)
+    window = check_window(window, causal)
     kind, shapes = check_qkv(q, k, v)
     mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
@@ -280,4 +308,5 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, scale=None, block_size=
             "tiled_attention computes on NumPy arrays but got torch tensors; "
             "pass tensor.numpy(), or use attention(..., backend='triton') on a GPU"
         )
-    return forward(q, k, v, mask, causal, scale, block_size=block_size, workers=workers)
+    mask, window_option = window_arguments(mask, shapes, kind, causal, window, q, native=True)
+    return forward(q, k, v, mask, causal, scale, **window_option, block_size=block_size, workers=workers)
