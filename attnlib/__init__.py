@@ -10,6 +10,7 @@ The public API, each in a file of its own:
 - :func:`attention_backward`, :func:`backward_backends` (``backward.py``)
 - :func:`multi_head_attention` (``multi_head.py``)
 - :class:`SelfAttention` (``self_attention.py``)
+- :class:`KVCache`, :func:`kv_cache_bytes` (``kv_cache.py``); generation loops in :mod:`attnlib.decoding`
 - :func:`rope`, :func:`sinusoidal_positions` (``positions.py``)
 - :func:`device` (``device.py``)
 - :mod:`attnlib.examples`, the book's running examples
@@ -19,6 +20,7 @@ from . import errors, examples
 from .attention import attention, attention_weights, backends
 from .backward import attention_backward, backward_backends
 from .device import device
+from .kv_cache import KVCache, kv_cache_bytes
 from .masks import causal_mask
 from .multi_head import merge_heads, multi_head_attention, split_heads
 from .positions import rope, sinusoidal_positions
@@ -30,6 +32,7 @@ from .softmax import softmax
 __version__ = "0.1.0"
 
 __all__ = [
+    "KVCache",
     "SelfAttention",
     "attention",
     "attention_backward",
@@ -40,6 +43,7 @@ __all__ = [
     "device",
     "errors",
     "examples",
+    "kv_cache_bytes",
     "merge_heads",
     "multi_head_attention",
     "project_qkv",
