@@ -60,8 +60,16 @@ def as_array(x, name="x"):
     or number becomes a NumPy array; since a list carries no dtype, whole
     numbers in it become float64 (``[[1, 0], [0, 1]]`` is a valid ``q``), and
     a list of bools stays boolean (a valid mask). Anything else (a string, a
-    dict, None) raises a TypeError that names the argument.
+    dict, None) raises a TypeError that names the argument, and so does a NumPy
+    masked array: attention would ignore its ``.mask``, so it is refused rather
+    than silently read as its data.
     """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a NumPy masked array (shape {x.shape}); attnlib does not read its .mask. To "
+            f"drop keys, pass the plain array ({name}.filled(0) or np.ma.getdata({name})) and a boolean "
+            "mask= (True = may attend), e.g. ~np.ma.getmaskarray(k).any(-1) for keys whose row is masked"
+        )
     if is_tensor(x) or isinstance(x, np.ndarray):
         return x
     if isinstance(x, (list, tuple, int, float, np.number, np.bool_)) and not isinstance(x, str):

@@ -18,7 +18,7 @@ from .errors import MaskError, NonFiniteError
 from .gqa import group_heads
 from .masks import causal_alignment, check_window, with_window
 from .softmax import stable_softmax
-from .validation import check_backend, check_mask, check_qkv, check_scale, dtype_name
+from .validation import check_backend, check_mask, check_mask_gradient, check_qkv, check_scale, dtype_name
 
 _BACKEND_MODULES = {
     "numpy": "attnlib.backends.numpy_matrix",
@@ -85,7 +85,9 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
     mask : array or tensor, optional
         Broadcastable to (..., T_q, T_k). Boolean: True where a query *may
         attend* to a key (SDPA's convention). Float: added to the scores
-        (0 keeps a key, -inf drops it).
+        (0 keeps a key, -inf drops it). A float tensor mask that requires grad
+        gets its gradient from ``torch`` and ``sdpa``; ``triton`` computes none
+        and raises a ValueError (pass ``mask.detach()``).
     causal : bool or str
         Let each query attend only to the keys up to its own position (a decoder,
         as in GPT). ``True`` or ``"top-left"``: query i sees keys j <= i, the
@@ -95,7 +97,11 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
         needs: one new query over T cached keys sees all of them). The two agree
         when T_q == T_k. ``False`` or ``None``: no causal mask.
     scale : float, optional
-        Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
+        Multiplies the scores; defaults to ``1 / sqrt(d_k)``. A positive, finite
+        real number: a Python or NumPy int or float, or a 0-d array or tensor.
+        Strings, bools and complex numbers raise a TypeError; 0, negative
+        numbers, inf and NaN a ValueError saying why
+        (:func:`attnlib.validation.check_scale`).
     backend : str, optional
         One of :func:`backends`. Defaults to ``"numpy"`` for NumPy input and
         ``"torch"`` for tensors.
@@ -121,8 +127,11 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
         Shapes that do not fit, a mask that leaves a query no key, NaN or inf
         in an input, or scores too large for the dtype (finite inputs whose
         q . k overflows).
-    DTypeError, MixedArrayTypesError (TypeError)
-        Integer or complex arrays, or NumPy and torch mixed.
+    DTypeError, MixedArrayTypesError, DeviceError (TypeError)
+        Integer or complex arrays, big-endian or ``np.longdouble`` arrays,
+        NumPy and torch mixed, or tensors on the ``meta`` device (no values).
+        A NumPy masked array raises a TypeError too: pass its data and a
+        boolean ``mask`` instead.
 
     Python lists (and tuples) are accepted anywhere an array is, and become
     float64 NumPy arrays (a list of bools, a boolean mask).
@@ -137,6 +146,7 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
     mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
     scale = check_scale(scale, shapes.d_k)
     name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
+    check_mask_gradient(mask, name)  # the triton kernels give no gradient for a mask
     module = backend_module(name)
     mask, window_option = window_arguments(mask, shapes, kind, causal, window, q, native=skips_window(module))
     q_b, k_b, v_b, mask_b = _to_backend_kind([q, k, v, mask], kind, module.ARRAY_KIND, name)

@@ -26,5 +26,9 @@ class MixedArrayTypesError(TypeError):
     """NumPy arrays and torch tensors mixed in one call."""
 
 
+class DeviceError(TypeError):
+    """A tensor on the ``meta`` device: it has a shape and a dtype but no values to compute with."""
+
+
 class SequenceTooLongError(ValueError):
     """A sequence longer than the ``max_seq_len`` a module was built for."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import array_kind, torch_module
-from .errors import DTypeError, MaskError, MixedArrayTypesError, NonFiniteError, ShapeError
+from .arrays import array_kind, is_tensor, torch_module
+from .errors import DeviceError, DTypeError, MaskError, MixedArrayTypesError, NonFiniteError, ShapeError
 from .masks import causal_alignment, causal_offset
 
 
@@ -44,12 +44,38 @@ def _is_float(x, kind):
     return np.issubdtype(x.dtype, np.floating)
 
 
+def check_has_values(name, x, kind):
+    """Raise :class:`DeviceError` for a tensor on the ``meta`` device, which holds no values."""
+    if kind == "torch" and x.device.type == "meta":
+        raise DeviceError(
+            f"{name} (shape {_shape(x)}) is on the meta device: it has a shape but no values, so "
+            "attention can neither check nor compute it; create it on 'cpu' or 'cuda'"
+        )
+
+
 def check_float(name, x, kind):
-    """Raise :class:`DTypeError` unless ``x`` holds real floating-point numbers."""
+    """Raise unless ``x`` holds real floating-point numbers attnlib can compute with.
+
+    :class:`DeviceError` for a tensor on the ``meta`` device; :class:`DTypeError`
+    for integers, booleans and complex numbers, and for the two NumPy float
+    arrays torch cannot take: big-endian ones (``'>f8'``) and ``np.longdouble``.
+    """
+    check_has_values(name, x, kind)
     if not _is_float(x, kind):
         raise DTypeError(
             f"{name} must be a floating-point array, got dtype {x.dtype} with shape "
             f"{_shape(x)}; convert it with .astype(np.float32) or .float()"
+        )
+    if kind == "numpy" and not x.dtype.isnative:
+        raise DTypeError(
+            f"{name} has dtype {x.dtype.str} (shape {_shape(x)}), stored in the other byte order; "
+            f"attnlib computes in this machine's byte order: pass "
+            f"{name}.astype({name}.dtype.newbyteorder('='))"
+        )
+    if kind == "numpy" and x.dtype.itemsize > 8:
+        raise DTypeError(
+            f"{name} has dtype {x.dtype} (np.longdouble, shape {_shape(x)}); attnlib computes in "
+            f"float16, float32 or float64: pass {name}.astype(np.float64)"
         )
 
 
@@ -131,16 +157,79 @@ def check_qkv(q, k, v=None):
 
 
 def check_scale(scale, d_k):
-    """Return the softmax scale: ``1/sqrt(d_k)`` by default, else a positive finite float."""
+    """Return the factor the scores are multiplied by, as a float: ``1/sqrt(d_k)`` for None.
+
+    A scale must be a real number: a Python int or float, a NumPy real scalar or
+    0-d array, or a 0-d tensor of a real dtype. Refused with a :class:`TypeError`:
+    strings (``"0.5"``), bools (``True`` is not 1.0 here) and complex numbers.
+    Refused with a :class:`ValueError`: 0 (every key would get the same weight,
+    whatever q and k), a negative scale (it reverses the ranking: the key least
+    like the query would get the most weight), inf and NaN (every score would be
+    infinite or NaN).
+    """
     if scale is None:
         return 1.0 / float(np.sqrt(d_k))
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"scale must be a number, got {scale!r}") from None
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    value = _real_number(scale)
+    if np.isnan(value):
+        raise ValueError(f"scale is NaN ({scale!r}): every score would be NaN")
+    if np.isinf(value):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}: every nonzero score "
+                         "would be infinite and the softmax NaN")
+    if value == 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}: a scale of 0 gives every "
+                         "key the same weight whatever q and k; for the default 1/sqrt(d_k) pass "
+                         "scale=None")
+    if value < 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}: a negative scale reverses "
+                         "the ranking, so the key least like the query would get the most weight")
     return value
+
+
+def _real_number(scale):
+    """``scale`` as a float, if it is a real number (see :func:`check_scale`); else a TypeError."""
+    def refuse(what):
+        return TypeError(f"scale must be a real number (a Python or NumPy float, or a 0-d tensor), "
+                         f"got {what}")
+
+    if isinstance(scale, (bool, np.bool_)):
+        raise refuse(f"the bool {scale!r}")
+    if isinstance(scale, (int, float, np.integer, np.floating)):
+        return float(scale)
+    if isinstance(scale, np.ndarray) or is_tensor(scale):
+        kind = "torch" if is_tensor(scale) else "numpy"
+        if scale.ndim != 0:
+            raise refuse(f"an array of shape {_shape(scale)}")
+        check_has_values("scale", scale, kind)
+        torch = torch_module() if kind == "torch" else None
+        real = (scale.dtype != torch.bool and not scale.dtype.is_complex) if torch else scale.dtype.kind in "iuf"
+        if not real:
+            raise refuse(f"a 0-d array of dtype {dtype_name(scale.dtype)}")
+        return float(scale.item())
+    if isinstance(scale, (complex, np.complexfloating)):
+        raise refuse(f"the complex number {scale!r}")
+    raise refuse(f"{type(scale).__name__} {scale!r}")
+
+
+BACKENDS_WITHOUT_MASK_GRADIENT = ("triton",)  # their backward kernels give dq, dk and dv only
+
+
+def check_mask_gradient(mask, backend):
+    """Refuse a float mask that requires grad on a backend that computes no gradient for it.
+
+    ``backend="triton"`` differentiates with its own kernels, which return the
+    gradients of q, k and v only. While autograd records (``torch.is_grad_enabled()``),
+    a mask that requires grad raises a :class:`ValueError` there, whether or not q,
+    k and v require grad: pass ``mask.detach()``, or use ``backend="torch"`` or
+    ``"sdpa"``, which differentiate through an additive mask.
+    """
+    if backend not in BACKENDS_WITHOUT_MASK_GRADIENT or mask is None or not is_tensor(mask):
+        return
+    if mask.requires_grad and torch_module().is_grad_enabled():
+        raise ValueError(
+            f"mask (shape {_shape(mask)}) requires grad, but backend={backend!r} computes no gradient "
+            "for a mask (only for q, k and v); pass mask.detach(), or use backend='torch' or 'sdpa' "
+            "to differentiate through the mask"
+        )
 
 
 def check_backend(backend):
@@ -202,6 +291,7 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
             f"mask is a {mask_kind} array but q, k and v are {kind} arrays; "
             "convert the mask to the same kind"
         )
+    check_has_values("mask", mask, kind)
     score_shape = shapes.score_shape
     is_bool = (mask.dtype == torch_module().bool) if kind == "torch" else mask.dtype == np.bool_
     if not is_bool and not _is_float(mask, kind):
@@ -235,7 +325,8 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
             )
         mask = converted
         allowed = mask > float("-inf")
-    _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=not is_bool and dtype is not None)
+    _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=not is_bool and dtype is not None,
+                               boolean=is_bool)
     return mask
 
 
@@ -251,8 +342,34 @@ def _has_nan_or_posinf(x, kind):
     return bool((np.isnan(x) | (x == np.inf)).any())
 
 
-def _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=False):
+def _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=False, boolean=False):
     """Raise MaskError if some query row may attend to no key.
+
+    When a boolean mask fails and its inverse ``~mask`` would not, the message
+    asks whether the mask is in the other convention (True = blocked, as in
+    ``torch.nn.MultiheadAttention``).
+    """
+    where = _first_empty_row(allowed, shapes, kind, causal)
+    if where is None:
+        return
+    causal_note = f" together with causal={causal!r}" if causal else ""
+    dtype_note = (" (after conversion to the dtype of q, k and v, where large negative values "
+                  "become -inf)") if converted else ""
+    inverted_note = ""
+    if boolean and _first_empty_row(~allowed, shapes, kind, causal) is None:
+        inverted_note = (". Did you mean `~mask`? attnlib's True means may attend (as in "
+                         "scaled_dot_product_attention), where nn.MultiheadAttention's True means blocked, "
+                         "and the inverted mask leaves every query a key")
+    raise MaskError(
+        f"the mask{dtype_note}{causal_note} leaves query row {where[-1] if where else 0} "
+        f"(index {where} of the mask's rows, score shape {shapes.score_shape}) with no key to "
+        f"attend to; its softmax would be 0/0. Allow at least one key per query, or drop that query"
+        f"{inverted_note}"
+    )
+
+
+def _first_empty_row(allowed, shapes, kind, causal):
+    """The index (in the mask's rows) of the first query row left with no key, or None.
 
     Works on the mask's own (possibly broadcast) shape: under a causal mask a
     row i is empty when its first allowed key comes after ``i + offset``, so no
@@ -268,7 +385,7 @@ def _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=False):
             row_index = torch.arange(shapes.t_q, device=allowed.device) if rows == shapes.t_q else 0
             empty = empty | (first > row_index + offset)
         if not bool(empty.any()):
-            return
+            return None
         where = tuple(int(i) for i in torch.nonzero(empty)[0].tolist())
     else:
         empty = ~np.any(allowed, axis=-1)
@@ -277,15 +394,8 @@ def _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=False):
             row_index = np.arange(shapes.t_q) if rows == shapes.t_q else 0
             empty = empty | (first > row_index + offset)
         if not empty.any():
-            return
+            return None
         where = tuple(int(i) for i in np.argwhere(empty)[0])
     if rows == 1 and causal:  # a mask row shared by every query: the earliest query is the one left empty
         where = (*where[:-1], 0) if where else (0,)
-    causal_note = f" together with causal={causal!r}" if causal else ""
-    dtype_note = (" (after conversion to the dtype of q, k and v, where large negative values "
-                  "become -inf)") if converted else ""
-    raise MaskError(
-        f"the mask{dtype_note}{causal_note} leaves query row {where[-1] if where else 0} "
-        f"(index {where} of the mask's rows, score shape {shapes.score_shape}) with no key to "
-        "attend to; its softmax would be 0/0. Allow at least one key per query, or drop that query"
-    )
+    return where

@@ -161,17 +161,19 @@ class _TimerCase:
 
 _FAST = 0.002  # seconds of queued work per ordinary launch
 _SLOW = 0.25  # the occasional slow launch (a first call that compiles, a hiccup)
+_HICCUP = 0.15  # another slow launch, told apart from _SLOW by its length
 
 
 def _timer_cases():
     return [
         _TimerCase("warmup=2, repeats=3, each launch queues 2 ms of work", 2, 3, (_FAST,)),
         _TimerCase("warmup=0, repeats=1: no warm-up, a single timed call", 0, 1, (_FAST,)),
-        _TimerCase(
-            "warmup=1, repeats=3: the first launch takes 250 ms, and so does the second timed one",
+        _TimerCase(  # the first and the last timed calls are slow: either alone is the wrong answer
+            "warmup=1, repeats=5: the first launch takes 250 ms, and so does the first timed one; "
+            "the last timed one takes 150 ms",
             1,
-            3,
-            (_SLOW, _FAST, _SLOW, _FAST),
+            5,
+            (_SLOW, _SLOW, _FAST, _FAST, _FAST, _HICCUP),
         ),
     ]
 
@@ -246,6 +248,14 @@ class TimerExercise(Exercise):
                 ),
                 _WARMUP_SYNC_HINT,
             )
+        one_call = _one_timed_call(case, value)
+        if one_call is not None:
+            return Failure(
+                (f"expected: about {_FAST * 1e3:g} ms, the median of the {case.repeats} timed calls",
+                 f"given:    {value * 1e3:.3g} ms, the time of the {one_call} timed call alone"),
+                f"you returned the {one_call} call's time only: keep the time of every timed call in a "
+                "list and return the median of that list",
+            )
         if value > _SLOW / 5:
             return Failure(
                 (f"expected: about {_FAST * 1e3:g} ms, the typical call", f"given:    {value * 1e3:.3g} ms"),
@@ -253,6 +263,17 @@ class TimerExercise(Exercise):
                 "the repeats, not their mean or total",
             )
         return None
+
+
+def _one_timed_call(case, seconds):
+    """"first" or "last" when ``seconds`` is that timed call's own, slow time; else None."""
+    timed = [case.costs[min(n, len(case.costs) - 1)] for n in range(case.warmup, case.warmup + case.repeats)]
+    if case.repeats < 2 or statistics.median(timed) > _FAST:
+        return None
+    for which, cost in (("first", timed[0]), ("last", timed[-1])):
+        if cost > _FAST and abs(seconds - cost) < cost / 4:
+            return which
+    return None
 
 
 def _as_seconds(value):
@@ -354,6 +375,14 @@ median_timer = TimerExercise(
         ),
         "no_warmup": Mistake(_no_warmup, "you skipped the warm-up calls"),
         "no_sync_after_warmup": Mistake(_no_sync_after_warmup, _WARMUP_SYNC_HINT),
+        "first_call_only": Mistake(
+            lambda fn, sync, warmup=1, repeats=5: _sync_after(fn, sync, warmup, repeats)[0],
+            "you returned the first call's time only",
+        ),
+        "last_call_only": Mistake(
+            lambda fn, sync, warmup=1, repeats=5: _sync_after(fn, sync, warmup, repeats)[-1],
+            "you returned the last call's time only",
+        ),
         "list": Mistake(_sync_after, "not the list of times"),
     },
     explanation=(
