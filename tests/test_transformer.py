@@ -228,3 +228,31 @@ def test_attend_passes_options_to_attention():
     only_self = torch.eye(5, dtype=torch.bool)  # each query may attend only to itself
     out = layer.attend(q, k, v, mask=only_self)
     torch.testing.assert_close(out, attnlib.merge_heads(v) @ layer.w_o)
+
+
+# --- The diagram ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mlp", [True, False])
+def test_the_block_diagram_writes_the_shapes_of_a_real_forward_pass(mlp):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlib.block_diagram import decoder_shapes, draw_decoder
+
+    model = _model(mlp=mlp)
+    shapes = decoder_shapes(model, _tokens(B=3, T=9))
+    expected = dict(tokens=(3, 9), x=(3, 9, D), qkv=(3, H, 9, D // H), weights=(3, H, 9, 9), heads=(3, 9, D),
+                    logits=(3, 9, V))
+    if mlp:
+        expected["mlp_hidden"] = (3, 9, 4 * D)
+    assert shapes == expected
+    figure = draw_decoder(shapes, n_layers=2)
+    texts = " ".join(text.get_text() for text in figure.axes[0].texts)
+    for shape in expected.values():
+        assert str(shape) in texts
+    assert "repeated 2 times" in texts
+    assert any(text.get_text() == "MLP" for text in figure.axes[0].texts) is mlp
+    plt.close(figure)
