@@ -27,24 +27,11 @@ from .kv_cache import KVCache
 
 
 def forward_step(model, tokens, positions, caches=None, **options):
-    """Run ``model`` on ``tokens`` at ``positions``; with ``caches``, over everything cached too.
+    """Logits (B, T_new, V) of ``tokens`` (B, T_new) at ``positions`` (T_new,), after what ``caches`` hold.
 
-    Parameters
-    ----------
-    model : Decoder
-    tokens : LongTensor, shape (B, T_new)
-    positions : LongTensor, shape (T_new,)
-        The absolute positions of ``tokens`` (RoPE and position vectors use them).
-    caches : list of KVCache, optional
-        One per block. Each block appends its new keys and values to its cache and
-        its queries attend over all the cache holds. None: the keys and values of
-        ``tokens`` only, the full forward pass when ``tokens`` is the whole sequence.
-    **options
-        Passed to :func:`attnlib.attention` (e.g. ``backend=``, ``window=``).
-
-    Returns
-    -------
-    Logits, shape (B, T_new, V).
+    With ``caches``, one :class:`~attnlib.kv_cache.KVCache` per block, each block appends
+    its new keys and values and its queries attend over all the cache holds; without,
+    over ``tokens`` alone (the full forward pass). ``options`` go to :func:`attnlib.attention`.
     """
     x = model.embed(tokens, positions)  # (B, T_new, d_model)
     for i, block in enumerate(model.blocks):
@@ -58,21 +45,11 @@ def forward_step(model, tokens, positions, caches=None, **options):
 
 @torch.no_grad()
 def generate_recompute(model, prompt, n_new, **options):
-    """Greedy decoding without a cache: every step runs the model over the whole sequence.
+    """Greedy decoding that runs the model over the whole sequence at every step.
 
-    Parameters
-    ----------
-    model : Decoder
-    prompt : LongTensor, shape (B, T_0)
-    n_new : int
-        Tokens to generate.
-    **options
-        Passed to :func:`attnlib.attention` (e.g. ``window=``).
-
-    Returns
-    -------
-    tokens (B, T_0 + n_new), the prompt then the generated tokens, and
-    logits (B, n_new, V), the scores each step chose from.
+    ``prompt`` (B, T_0) token ids, ``n_new`` tokens to add, ``options`` for
+    :func:`attnlib.attention`. Returns the tokens (B, T_0 + n_new) and the logits
+    each step chose from (B, n_new, V).
     """
     _check_generate_args(model, prompt, n_new)
     tokens, step_logits = prompt, []
@@ -87,40 +64,35 @@ def generate_recompute(model, prompt, n_new, **options):
 
 @torch.no_grad()
 def generate_cached(model, prompt, n_new, *, window=None, caches=None, **options):
-    """Greedy decoding with a KV cache: the prompt once, then one token per step.
+    """Greedy decoding with a KV cache: the prompt once (the prefill), then one token per step.
 
-    Parameters
-    ----------
-    model, prompt, n_new, options
-        As for :func:`generate_recompute`.
-    window : int, optional
-        A sliding window of W keys: attention sees the last W positions only,
-        and each block's cache keeps only those (``KVCache(window=W)``).
-    caches : list of KVCache, optional
-        Empty caches to fill, one per block, to look at afterwards; new ones by default.
-
-    Returns
-    -------
-    tokens (B, T_0 + n_new) and logits (B, n_new, V), as :func:`generate_recompute`.
+    Arguments and results as for :func:`generate_recompute`. ``window=W``: attention
+    sees the last W positions, and each block's cache keeps only those. ``caches``:
+    empty caches to fill (one per block), to look at afterwards.
     """
     _check_generate_args(model, prompt, n_new)
-    if caches is None:
-        caches = [KVCache(window=window) for _ in model.blocks]
-    elif len(caches) != len(model.blocks) or any(c.seen or c.window != window for c in caches):
-        raise ValueError(f"caches must be {len(model.blocks)} empty KVCache objects, one per block, with "
-                         f"window={window}; got {len(caches)} (windows {[c.window for c in caches]}, "
-                         f"positions seen {[c.seen for c in caches]})")
-    if window is not None:
-        options["window"] = window
+    caches = _empty_caches(model, window, caches)
+    options = options if window is None else {**options, "window": window}
     tokens, new_tokens, step_logits = prompt, prompt, []
     for _ in range(n_new):
         start = caches[0].seen  # the position of the first new token
         positions = torch.arange(start, start + new_tokens.shape[1], device=prompt.device)
         logits = forward_step(model, new_tokens, positions, caches, **options)[:, -1]  # (B, V)
-        new_tokens = logits.argmax(dim=-1, keepdim=True)  # (B, 1): the only token the next step runs
+        new_tokens = logits.argmax(dim=-1, keepdim=True)  # (B, 1): all the next step runs
         tokens = torch.cat([tokens, new_tokens], dim=1)
         step_logits.append(logits)
     return tokens, torch.stack(step_logits, dim=1)
+
+
+def _empty_caches(model, window, caches):
+    """New caches, one per block, or the ``caches`` given, checked to be empty and to match ``window``."""
+    if caches is None:
+        return [KVCache(window=window) for _ in model.blocks]
+    if len(caches) != len(model.blocks) or any(c.seen or c.window != window for c in caches):
+        raise ValueError(f"caches must be {len(model.blocks)} empty KVCache objects, one per block, with "
+                         f"window={window}; got {len(caches)} (windows {[c.window for c in caches]}, "
+                         f"positions seen {[c.seen for c in caches]})")
+    return caches
 
 
 def _check_generate_args(model, prompt, n_new):

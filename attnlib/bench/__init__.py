@@ -12,6 +12,9 @@ Run it as ``python -m attnlib.bench`` (``--help`` lists every option,
 - :mod:`~attnlib.bench.report`: the row schema, the stamp, CSV and JSON files
 - :mod:`~attnlib.bench.plots`: figures of result rows against T
 - :mod:`~attnlib.bench.cli`: the command line
+- :mod:`~attnlib.bench.decode`: time per generated token with and without a KV cache,
+  and the tiled kernel with a sliding window (its own command, ``python -m
+  attnlib.bench.decode``, so it is not imported here)
 """
 
 from . import devices, flops, kernels, memory, plots, report, sweep, timing

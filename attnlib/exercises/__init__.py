@@ -28,6 +28,7 @@ from . import (
     ch8_timing,
     ch9_without_the_matrix,
     ch10_backward,
+    ch12_generating,
 )
 from .core import KINDS, Exercise, Result
 
@@ -42,6 +43,7 @@ _CHAPTERS = (
     ch8_timing,
     ch9_without_the_matrix,
     ch10_backward,
+    ch12_generating,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}
 assert len(_REGISTRY) == sum(len(chapter.EXERCISES) for chapter in _CHAPTERS), "duplicate exercise ids"
