@@ -456,12 +456,13 @@ def backward(q, k, v, d_out, mask, causal, scale, *, tiles=None):
     """Gradients of attention on validated tensors; the backward entry point.
 
     Runs the forward kernel for the log-sum-exp, then the two backward kernels.
-    ``tiles`` as for :func:`grads_from_lse` (the tests run every configuration).
+    ``tiles`` as for :func:`grads_from_lse` (the tests run every configuration), and
+    optionally ``tiles["fwd"]`` for the forward kernel.
     Returns ``(dq, dk, dv)`` shaped like q, k and v, in q's dtype.
     """
     _check_supported(q, k, v)
     batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q4, k4, v4 = (_as_4d(x, batch_shape) for x in (q, k, v))
-    out, lse = forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape)
+    out, lse = forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, (tiles or {}).get("fwd"))
     grads = grads_from_lse(q4, k4, v4, out, lse, d_out, mask, causal, scale, batch_shape, tiles)
     return _to_input_shapes(grads, (q.shape, k.shape, v.shape), batch_shape, q.dtype)

@@ -295,9 +295,14 @@ def mask_arguments(mask, batch_shape, t_q, t_k, like):
     """``(MASK_KIND, mask as (B, H, T_q, T_k) view, its four strides)`` for the kernels.
 
     With no mask, ``like`` (any tensor) stands in for the pointer, which is never read.
+    For float64 inputs a boolean mask travels as an additive one (0 or -inf, float64):
+    Triton 3.6 fails to compile the fp64 kernels with a boolean mask for sm_90
+    ("fp64 don't support largeK MMA").
     """
     if mask is None:
         return NO_MASK, like, (0, 0, 0, 0)
+    if mask.dtype == torch.bool and like.dtype == torch.float64:
+        mask = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device).masked_fill(~mask, float("-inf"))
     kind = BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
     if kind == BOOL_MASK:
         mask = mask.view(torch.uint8)  # same bytes; triton reads it as 0 / 1
