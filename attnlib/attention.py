@@ -26,7 +26,7 @@ _BACKEND_MODULES = {
     "torch": "attnlib.backends.torch_naive",
     "sdpa": "attnlib.backends.sdpa",
     "tiled": "attnlib.backends.tiled",
-    "triton": "attnlib.backends.triton_flash",
+    "triton": "attnlib.backends.triton_autograd",
     "triton-simple": "attnlib.backends.triton_simple",
 }
 

@@ -27,7 +27,7 @@ ON_GPU = torch.cuda.is_available()
 _SAVED_INTERPRET = os.environ.get("TRITON_INTERPRET")
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
-from attnlib.backends import triton_backward, triton_flash, triton_simple  # noqa: E402  (the kernels are defined here)
+from attnlib.backends import triton_autograd, triton_backward, triton_flash, triton_simple  # noqa: E402  (kernels defined here)
 
 if _SAVED_INTERPRET is None:
     os.environ.pop("TRITON_INTERPRET", None)
@@ -384,7 +384,7 @@ def test_only_the_inputs_that_require_grad_get_one(rng):
 def test_a_mask_that_requires_grad_is_refused():
     q = torch.randn(5, 16, device=DEVICE, requires_grad=True)
     mask = torch.zeros(5, 5, device=DEVICE, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no gradient for a mask"):
+    with pytest.raises(ValueError, match="computes no gradient for a mask"):
         attnlib.attention(q, q, q, mask=mask, backend="triton")
 
 
@@ -549,3 +549,21 @@ def test_triton_simple_kernel_is_at_most_40_lines_of_code():
     code = [line for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
     header = source.split('"""')[0].splitlines()
     assert len(code) + len(header) <= 40, len(code) + len(header)
+
+
+def test_each_kernel_file_reads_alone_and_imports_go_one_way():
+    import ast
+    import inspect
+
+    def imported(module):
+        tree = ast.parse(inspect.getsource(module))
+        return {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level
+                for alias in node.names} | {node.module for node in ast.walk(tree)
+                                            if isinstance(node, ast.ImportFrom) and node.level and node.module}
+
+    assert not {"triton_backward", "triton_autograd"} & imported(triton_flash)
+    assert "triton_autograd" not in imported(triton_backward)
+    assert {"triton_backward", "triton_flash"} <= imported(triton_autograd)
+    from attnlib.attention import backend_module
+
+    assert backend_module("triton") is triton_autograd

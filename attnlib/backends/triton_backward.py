@@ -1,4 +1,4 @@
-"""FlashAttention-2 backward pass, written from scratch in Triton, and its autograd Function.
+"""FlashAttention-2 backward pass, written from scratch in Triton.
 
 Algorithm (Dao 2023, "FlashAttention-2", Algorithm 2), shaped like the backward
 of Triton's fused-attention tutorial. The forward (:mod:`.triton_flash`) saved
@@ -31,9 +31,9 @@ mask; with ``causal``, tiles that no query may see are never loaded, for both
 alignments (key j is visible to query i iff ``j <= i + offset``). Row offsets are
 int64. dO and O enter as ``delta``, computed by torch before the kernels run.
 
-:class:`FlashAttention` wraps the forward and these kernels in a
-``torch.autograd.Function``: ``attnlib.attention(q, k, v, backend="triton")`` on
-tensors that require grad returns an output that supports ``.backward()``.
+The autograd Function that joins the forward kernel and these kernels lives in
+:mod:`.triton_autograd`, which imports both kernel files; this file imports only
+the forward's helpers (:mod:`.triton_flash`), so each kernel file reads alone.
 """
 
 import torch
@@ -423,33 +423,6 @@ def _to_input_shapes(grads, shapes, batch_shape, dtype):
     return tuple(None if g is None else sum_to_shape(g.to(dtype).reshape(*batch_shape, *g.shape[-2:]),
                                                      shape)
                  for g, shape in zip(grads, shapes))
-
-
-class FlashAttention(torch.autograd.Function):
-    """``triton_flash``'s forward with the backward kernels of this module, for autograd."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, tile):
-        if mask is not None and mask.requires_grad:
-            raise RuntimeError("the triton backend computes no gradient for a mask; pass "
-                               "mask.detach() (gradients flow to q, k and v)")
-        batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        q4, k4, v4 = (_as_4d(x, batch_shape) for x in (q, k, v))
-        out, lse = forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q4, k4, v4, out, lse, mask)
-        ctx.causal, ctx.scale, ctx.batch_shape = causal, scale, batch_shape
-        ctx.shapes = (q.shape, k.shape, v.shape)
-        return out.reshape(*batch_shape, q.shape[-2], v.shape[-1])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, d_out):
-        q4, k4, v4, out, lse, mask = ctx.saved_tensors
-        grads = grads_from_lse(q4, k4, v4, out, lse, d_out, mask, ctx.causal, ctx.scale,
-                               ctx.batch_shape, need_dq=ctx.needs_input_grad[0])
-        dq, dk, dv = _to_input_shapes(grads, ctx.shapes, ctx.batch_shape, q4.dtype)
-        return dq, dk, dv, None, None, None, None
 
 
 def backward(q, k, v, d_out, mask, causal, scale, *, tiles=None):

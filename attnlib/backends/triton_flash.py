@@ -41,9 +41,10 @@ views, not copied (for inputs with at most two leading dimensions). Row offsets
 are int64, so a (T_q, T_k) mask with 2**31 entries or more is addressed
 correctly.
 
-On inputs that require grad, :func:`forward` runs through
-:class:`attnlib.backends.triton_backward.FlashAttention`, whose backward pass is
-made of Triton kernels too; the result then supports ``.backward()``.
+This file computes the forward pass only. The ``triton`` backend
+(:mod:`.triton_autograd`) runs it through a ``torch.autograd.Function`` whose
+backward pass is made of Triton kernels too (:mod:`.triton_backward`), when an
+input requires grad.
 
 fp32 inputs use exact fp32 products (``input_precision="ieee"``), not TF32, so
 the result matches the other backends to fp32 tolerance; fp64 inputs keep
@@ -407,13 +408,13 @@ def forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile=None):
 
 
 def forward(q, k, v, mask, causal, scale, *, tile=None):
-    """FlashAttention-2 forward on validated torch tensors (..., T, d); the backend entry point.
+    """FlashAttention-2 forward on validated torch tensors (..., T, d).
 
     Parameters
     ----------
     q : tensor, shape (..., T_q, d_k); k : (..., T_k, d_k); v : (..., T_k, d_v)
         fp16, bf16, fp32 or fp64, on CUDA (or on CPU under TRITON_INTERPRET=1).
-        If any of them requires grad, the result supports ``.backward()``.
+        No gradient flows through this function (see :mod:`.triton_autograd`).
     mask : tensor or None
         Broadcastable to (..., T_q, T_k): boolean (True = may attend) or additive float.
     causal : None, "top-left" or "bottom-right"
@@ -428,10 +429,6 @@ def forward(q, k, v, mask, causal, scale, *, tile=None):
     tensor, shape (..., T_q, d_v), the dtype and device of q.
     """
     _check_supported(q, k, v)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        from .triton_backward import FlashAttention  # the backward kernels, for autograd
-
-        return FlashAttention.apply(q, k, v, mask, causal, scale, tile)
     batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q4, k4, v4 = (_as_4d(x, batch_shape) for x in (q, k, v))
     out, _ = forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile)
