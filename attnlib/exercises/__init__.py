@@ -11,7 +11,7 @@ True
 Four kinds of exercise: *by hand* (a number worked out on paper), *implement*
 (a function), *find the bug* (a short function with one classic mistake) and
 *predict* (an answer given before computing). Each chapter's file
-(``ch1_qkv.py`` ... ``ch10_backward.py``) holds its exercises, their
+(``ch1_qkv.py`` ... ``ch11_transformer.py``) holds its exercises, their
 solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
@@ -28,6 +28,7 @@ from . import (
     ch8_timing,
     ch9_without_the_matrix,
     ch10_backward,
+    ch11_transformer,
     ch12_generating,
 )
 from .core import KINDS, Exercise, Result
@@ -43,6 +44,7 @@ _CHAPTERS = (
     ch8_timing,
     ch9_without_the_matrix,
     ch10_backward,
+    ch11_transformer,
     ch12_generating,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}

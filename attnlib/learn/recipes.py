@@ -2,7 +2,9 @@
 
 Chapter 7 trains them in front of the reader; chapters 5 and 6 borrow the
 coreference model through :func:`trained_coreference_model`, which runs the
-same recipe (a few seconds) once per process and caches the result.
+same recipe (a few seconds) once per process and caches the result. Chapter 11
+trains :data:`INDUCTION`'s model through :func:`trained_induction_model`, cached
+the same way, which chapter 12 decodes with.
 
 The recipes import without torch (the exercises read them); the functions
 import the models when they build one.
@@ -81,3 +83,63 @@ def train_reversal(model, test_tokens, test_targets, recipe=REVERSAL, log=None):
     return train(model, lambda generator: random_sequences(recipe["batch_size"], generator),
                  steps=recipe["steps"], lr=recipe["lr"], seed=recipe["seed"],
                  evaluate=lambda m: accuracy(m, test_tokens, test_targets), eval_every=25, log=log)
+
+
+# Chapter 11: an induction head. Two attention-only blocks of 2 heads, RoPE, width 32, trained on
+# next-token prediction over fresh random sequences with a repeated segment (attnlib.learn.induction).
+INDUCTION = dict(d_model=32, n_heads=2, n_layers=2, positions="rope", embedding_std=0.3, steps=1200,
+                 batch_size=64, lr=3e-3, seed=0, eval_every=50, eval_sequences=256, eval_seed=1)
+
+
+def induction_model(recipe=INDUCTION):
+    """An untrained attention-only decoder for chapter 11's task, float64."""
+    from .induction import SEQUENCE_LENGTH, VOCAB_SIZE
+    from .transformer import Decoder
+
+    return Decoder(VOCAB_SIZE, recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
+                   positions=recipe["positions"], max_len=SEQUENCE_LENGTH, mlp=False,
+                   embedding_std=recipe["embedding_std"], seed=recipe["seed"])
+
+
+def induction_eval_data(recipe=INDUCTION):
+    """The fixed sequences every snapshot is scored on (seeded apart from the training batches)."""
+    import torch
+
+    from .induction import induction_sequences
+
+    return induction_sequences(recipe["eval_sequences"], torch.Generator().manual_seed(recipe["eval_seed"]))
+
+
+def train_induction(model, recipe=INDUCTION, *, log=None):
+    """Train ``model`` on fresh sequences every step; ``(history, snapshots)``.
+
+    ``snapshots`` holds the weights (state dicts) before training and every
+    ``eval_every`` steps after; ``history.eval_accuracy`` the accuracy on the
+    repeated tokens of :func:`induction_eval_data` at those steps.
+    """
+    import copy
+
+    from .induction import next_token_batches, repeat_scores
+    from .training import train
+
+    data = induction_eval_data(recipe)
+    snapshots = [copy.deepcopy(model.state_dict())]
+
+    def evaluate(trained):
+        snapshots.append(copy.deepcopy(trained.state_dict()))
+        return repeat_scores(trained, data)["repeat_accuracy"]
+
+    history = train(model, next_token_batches(recipe["batch_size"]), steps=recipe["steps"], lr=recipe["lr"],
+                    seed=recipe["seed"], evaluate=evaluate, eval_every=recipe["eval_every"], log=log)
+    return history, snapshots
+
+
+@functools.cache
+def trained_induction_model():
+    """``(model, history, snapshots)`` for chapter 11's model trained with :data:`INDUCTION`, cached per process.
+
+    Chapter 12 decodes with this model.
+    """
+    model = induction_model()
+    history, snapshots = train_induction(model)
+    return model, history, snapshots

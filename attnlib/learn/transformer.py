@@ -232,6 +232,10 @@ class Decoder(nn.Module):
         vector per position). RoPE and "none" accept any length.
     mlp : bool
         False builds attention-only blocks.
+    embedding_std : float
+        Standard deviation of the initial token vectors (and learned position
+        vectors); 1 by default. Smaller, what the blocks add to the residual
+        stream stands out more against the embeddings from the start.
     seed : int
         Seeds every initial weight.
     dtype : torch.dtype
@@ -242,7 +246,7 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, vocab_size, d_model, n_heads, n_layers, *, positions="learned", max_len=None,
-                 mlp=True, seed=0, dtype=torch.float64):
+                 mlp=True, embedding_std=1.0, seed=0, dtype=torch.float64):
         super().__init__()
         if positions not in POSITION_SCHEMES:
             raise ValueError(f"positions must be one of {POSITION_SCHEMES}, got {positions!r}")
@@ -250,9 +254,9 @@ class Decoder(nn.Module):
             raise ValueError(f"positions={positions!r} needs max_len, the number of position vectors")
         generator = torch.Generator().manual_seed(seed)
         self.vocab_size, self.position_scheme, self.max_len = vocab_size, positions, max_len
-        self.embedding = _normal(vocab_size, d_model, generator)  # (V, d)
+        self.embedding = _normal(vocab_size, d_model, generator, embedding_std)  # (V, d)
         if positions == "learned":
-            self.position = _normal(max_len, d_model, generator)  # (T_max, d)
+            self.position = _normal(max_len, d_model, generator, embedding_std)  # (T_max, d)
         elif positions == "sinusoidal":
             self.register_buffer("position", torch.from_numpy(sinusoidal_positions(max_len, d_model)))
         self.blocks = nn.ModuleList(Block(d_model, n_heads, generator, rope=positions == "rope", mlp=mlp)
