@@ -711,3 +711,72 @@ def test_main_interleaves_on_one_cpu_thread_by_default(monkeypatch):
     cli.main([*base, "--threads", "2", "--interleave"])
     cli.main([*base, "--no-interleave"])
     assert [s.interleave for s in seen] == [True, False, True, False]
+
+
+def test_a_run_killed_halfway_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """Each row is written as soon as it is measured: a run stopped at its third row (as a
+    10-minute limit would stop it) leaves the first two on disk, in a file that reads back."""
+    calls = []
+
+    def fake_time(fn, settings):  # a fake clock: every call takes 2 ms; the third row is never finished
+        calls.append(fn)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("stopped from outside")
+        return timing.Timing(median_s=0.002, q25_s=0.002, q75_s=0.002, min_s=0.002, first_s=0.003,
+                             repeats=5, warmup=1, method="perf_counter")
+
+    monkeypatch.setattr(sweep, "_time", fake_time)
+    for suffix in ("csv", "json"):
+        calls.clear()
+        path = tmp_path / f"partial.{suffix}"
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(["--device", "cpu", "--kernels", "numpy,torch", "-T", "32", "64", "-B", "1", "-H", "1",
+                      "-d", "8", "--no-progress", "--no-memory", "--no-interleave", "--output", str(path)])
+        stamp, rows = report.read_results(path)
+        assert [(r["kernel"], r["T"], r["time_ms"]) for r in rows] == [("numpy", 32, 2.0), ("torch", 32, 2.0)]
+        assert stamp["command"] and not list(tmp_path.glob("*.partial"))
+
+
+def test_a_kernel_that_disagrees_with_the_reference_gets_an_error_row_not_a_time(monkeypatch):
+    import numpy as np
+
+    real_make_call = kernels.make_call
+
+    def off_by_a_little(kernel, q, k, v, causal, threads=None, direction="fwd"):
+        call = real_make_call(kernel, q, k, v, causal, threads=threads, direction=direction)
+        return (lambda: call() * np.float32(1.01)) if kernel == "numpy" else call
+
+    monkeypatch.setattr(kernels, "make_call", off_by_a_little)
+    settings = sweep.Settings(device="cpu", measure_memory=False, min_repeats=1, max_repeats=1, budget_s=0.01,
+                              warmup_s=0.0)
+    bad = sweep.run_config(sweep.Config("numpy", 1, 2, 16, 8, "float32", False), settings, "test cpu")
+    good = sweep.run_config(sweep.Config("torch", 1, 2, 16, 8, "float32", False), settings, "test cpu")
+    assert bad["status"] == "error" and bad["time_ms"] is None and "differs from the float64 reference" in bad["message"]
+    assert bad["check_error"] > kernels.CHECK_TOLERANCE["float32"]
+    assert good["status"] == "ok" and good["check_error"] < 1e-5
+
+
+def test_rows_say_how_many_products_each_kernel_really_does():
+    from attnlib.bench.flops import products_done
+
+    assert products_done("triton", "bwd") == 7 and products_done("torch", "bwd") == 4
+    assert products_done("tiled", "fwd+bwd") == 7 and products_done("sdpa-cudnn", "bwd") is None
+    row = sweep._empty_row(sweep.Config("triton", 1, 1, 8, 8, "float16", False, "fwd+bwd"), sweep.Settings(), "x")
+    assert row["products"] == 9 and row["flops"] == 3.5 * 4 * 8 * 8 * 8
+
+
+@pytest.mark.parametrize("step", ["check", "fwd", "fwdbwd", "extra"])
+def test_gpu_run_dry_runs_each_step_on_a_cpu(step, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "tools" / "gpu_run.sh"
+    result = subprocess.run(["bash", str(script), "--dry-run", step, str(tmp_path)], capture_output=True,
+                            text=True, env={**__import__("os").environ, "PYTHON": sys.executable}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"step {step} done" in result.stdout and (tmp_path / "run.log").exists()
+    commands = [line for line in result.stdout.splitlines() if line.startswith("+ [limit")]
+    assert commands and all(int(line.split("limit ")[1].split("s]")[0]) < 600 for line in commands)
+    if step != "check":
+        assert "rows would be timed" in result.stdout

@@ -567,3 +567,37 @@ def test_each_kernel_file_reads_alone_and_imports_go_one_way():
     from attnlib.attention import backend_module
 
     assert backend_module("triton") is triton_autograd
+
+
+def test_a_fixed_tile_that_does_not_fit_names_the_tile_and_the_limit(monkeypatch, rng):
+    """On a GPU, Triton raises OutOfResources for a tile whose shared memory is over the limit;
+    the autotuner silently drops such a config, but a tile the caller chose is reported."""
+    from triton.runtime.errors import OutOfResources
+
+    class TooBig:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                raise OutOfResources(329_728, 232_448, "shared memory")
+            return run
+
+    tile = {"BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4}
+    monkeypatch.setattr(triton_flash, "choose_kernel", lambda *args, **kwargs: (TooBig(), tile))
+    q = _tensors(rng.standard_normal((1, 1, 8, 16)))[0]
+    with pytest.raises(ValueError, match=r"tile=.*256.* does not fit the fwd kernel.*329,728 bytes of "
+                                         r"shared memory.*limit is 232,448"):
+        triton_flash.forward(q, q, q, None, None, 0.25, tile=tile)
+    with pytest.raises(OutOfResources):  # no tile of the caller's: Triton's own error goes through
+        triton_flash.forward(q, q, q, None, None, 0.25)
+
+
+def test_the_benchmark_records_the_tile_each_kernel_ran_with(rng):
+    from attnlib.bench import kernels as bench_kernels
+
+    q, k, v = _tensors(*(rng.standard_normal((1, 2, 20, 16)) for _ in range(3)))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    attnlib.attention(*leaves, backend="triton").sum().backward()
+    expected = "{0}x{1} w4 s3".format(triton_flash.INTERPRETER_TILE["BLOCK_M"], triton_flash.INTERPRETER_TILE["BLOCK_N"])
+    assert bench_kernels.tiles_used("triton", "fwd+bwd") == f"fwd {expected}; dkdv {expected}; dq {expected}"
+    attnlib.attention(q, k, v, backend="triton-simple")
+    assert bench_kernels.tiles_used("triton-simple", "fwd") == "fwd 16x16 w1"
+    assert bench_kernels.tiles_used("torch", "fwd") is None

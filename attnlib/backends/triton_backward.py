@@ -396,23 +396,21 @@ def grads_from_lse(q4, k4, v4, out, lse, d_out, mask, causal, scale, batch_shape
     dv = torch.empty((n_batch, n_heads, t_k, d_v), dtype=grad_dtype, device=q4.device)
     kernel, options = choose_kernel(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, t_q, t_k, tiles.get("dkdv"),
                                     SMALL_PROBLEM_TILES["dkdv"])
-    kernel[lambda meta: (triton.cdiv(t_k, meta["BLOCK_N"]) * n_batch * n_heads,)](
-        q4, k4, v4, d_out, lse, delta, mask4, dk, dv,
-        *q4.stride(), *k4.stride(), *v4.stride(), *d_out.stride(), *mask_strides,
-        *dk.stride(), *dv.stride(), *sizes, **common, **options,
-    )
-    triton_flash.record_tile("dkdv", kernel, options)
+    triton_flash.launch(
+        "dkdv", kernel, lambda meta: (triton.cdiv(t_k, meta["BLOCK_N"]) * n_batch * n_heads,),
+        (q4, k4, v4, d_out, lse, delta, mask4, dk, dv,
+         *q4.stride(), *k4.stride(), *v4.stride(), *d_out.stride(), *mask_strides,
+         *dk.stride(), *dv.stride(), *sizes), common, options, tiles.get("dkdv"))
     if not need_dq:
         return None, dk, dv
     dq = torch.empty((n_batch, n_heads, t_q, d_k), dtype=grad_dtype, device=q4.device)
     kernel, options = choose_kernel(_attn_bwd_dq, _attn_bwd_dq_tuned, t_q, t_k, tiles.get("dq"),
                                     SMALL_PROBLEM_TILES["dq"])
-    kernel[lambda meta: (triton.cdiv(t_q, meta["BLOCK_M"]) * n_batch * n_heads,)](
-        q4, k4, v4, d_out, lse, delta, mask4, dq,
-        *q4.stride(), *k4.stride(), *v4.stride(), *d_out.stride(), *mask_strides,
-        *dq.stride(), *sizes, **common, **options,
-    )
-    triton_flash.record_tile("dq", kernel, options)
+    triton_flash.launch(
+        "dq", kernel, lambda meta: (triton.cdiv(t_q, meta["BLOCK_M"]) * n_batch * n_heads,),
+        (q4, k4, v4, d_out, lse, delta, mask4, dq,
+         *q4.stride(), *k4.stride(), *v4.stride(), *d_out.stride(), *mask_strides,
+         *dq.stride(), *sizes), common, options, tiles.get("dq"))
     return dq, dk, dv
 
 

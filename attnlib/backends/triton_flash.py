@@ -58,6 +58,7 @@ truncates).
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 from triton.runtime.interpreter import InterpretedFunction
 
 from ..masks import causal_offset
@@ -363,6 +364,23 @@ def record_tile(name, kernel, options):
     LAST_TILES[name] = f"{block['BLOCK_M']}x{block['BLOCK_N']} w{warps} s{stages}"
 
 
+def launch(name, kernel, grid, args, constants, options, tile):
+    """``kernel[grid](*args, **constants, **options)``; a fixed ``tile`` that does not fit gets a clear error.
+
+    The autotuner drops a configuration that needs more shared memory than the
+    GPU has; a tile the caller chose is reported instead, with the tile and the limit.
+    """
+    try:
+        kernel[grid](*args, **constants, **options)
+    except OutOfResources as exc:
+        if tile is None:
+            raise
+        raise ValueError(f"tile={tile} does not fit the {name} kernel on this GPU: it needs "
+                         f"{exc.required:,} bytes of {exc.name}, and the limit is {exc.limit:,}; choose "
+                         "smaller BLOCK_M / BLOCK_N or fewer num_stages, or leave tile=None") from None
+    record_tile(name, kernel, options)
+
+
 def padded_head_dim(d):
     """The tile width for a head dimension: a power of two, at least 16 (``tl.dot``'s minimum)."""
     return max(16, triton.next_power_of_2(d))
@@ -391,19 +409,20 @@ def forward_with_lse(q4, k4, v4, mask, causal, scale, batch_shape, tile=None):
     def grid(meta):
         return (triton.cdiv(t_q, meta["BLOCK_M"]) * n_batch * n_heads,)
 
-    kernel[grid](
+    args = (
         q4, k4, v4, mask4, out, lse,
         *q4.stride(), *k4.stride(), *v4.stride(), *mask_strides, *out.stride(),
         n_heads, t_q, t_k, causal_offset(t_q, t_k, causal) if causal else 0,
         *scale_arguments(q4.dtype, q4.device, scale * LOG2_E),
         triton.next_power_of_2(t_q), triton.next_power_of_2(t_k),
+    )
+    constants = dict(
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=padded_head_dim(d_k), BLOCK_DV=padded_head_dim(d_v),
         CAUSAL=bool(causal), MASK_KIND=mask_kind,
         UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
         SCALES_IN_MEMORY=q4.dtype == torch.float64,
-        **options,
     )
-    record_tile("fwd", kernel, options)
+    launch("fwd", kernel, grid, args, constants, options, tile)
     return out, lse
 
 

@@ -46,7 +46,34 @@ def attention_flops(B, H, T, d, causal=False):
     return full // 2 if causal else full
 
 
-BACKWARD_OVER_FORWARD = 2.5  # 5 products of size (T, T, d) against the forward's 2
+BACKWARD_OVER_FORWARD = 2.5  # counted as 5 products of size (T, T, d) against the forward's 2
+
+# The (T, T, d) products each implementation really does, forward and backward. FLOPs in this
+# package are *counted as* FlashAttention does (2 for the forward, 5 for the backward, causal
+# halved), whatever the kernel computes, so that TFLOP/s compare time for the same work; compare
+# algorithms by time. Backward, per implementation:
+#   matrix form (numpy, torch, sdpa-math): the weights P are stored, so dV = P^T dO, dP = dO V^T,
+#       dQ = dS K, dK = dS^T Q: 4;
+#   FlashAttention-2's paper loop and the tiled NumPy backward: S = Q K^T recomputed, then the 4: 5;
+#   the book's Triton backward: the dK/dV kernel recomputes S and dP (S, dV, dP, dK: 4) and the dQ
+#       kernel recomputes both again (S, dP, dQ: 3), so that no two programs add into one memory: 7.
+# SDPA's fused kernels are PyTorch's (flash: FlashAttention-2; cuDNN and efficient: their own) and
+# are not counted here.
+PRODUCTS_DONE = {
+    "fwd": {"numpy": 2, "loop": 2, "torch": 2, "sdpa-math": 2, "tiled": 2, "triton": 2, "triton-simple": 2},
+    "bwd": {"numpy": 4, "torch": 4, "sdpa-math": 4, "tiled": 5, "triton": 7},
+}
+
+
+def products_done(kernel, direction):
+    """How many (T, T, d) products ``kernel`` really does in ``direction``; None when not known.
+
+    >>> products_done("triton", "fwd+bwd"), products_done("torch", "bwd"), products_done("sdpa-flash", "fwd")
+    (9, 4, None)
+    """
+    parts = {"fwd": ["fwd"], "bwd": ["bwd"], "fwd+bwd": ["fwd", "bwd"]}[direction]
+    counts = [PRODUCTS_DONE[part].get(kernel) for part in parts]
+    return None if None in counts else sum(counts)
 
 
 def attention_backward_flops(B, H, T, d, causal=False):

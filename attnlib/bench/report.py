@@ -45,7 +45,8 @@ ROW_COLUMNS = {
     "repeats": int,
     "warmup": int,
     "timer": str,  # "perf_counter", "cuda-events" or "do_bench"
-    "flops": int,  # 4 * B * H * T**2 * d, halved when causal; 2.5x that for bwd, 3.5x for fwd+bwd
+    "flops": int,  # counted as 4 * B * H * T**2 * d, halved when causal; 2.5x that for bwd, 3.5x for fwd+bwd
+    "products": int,  # (T, T, d) products the kernel really does (flops.products_done); None if unknown
     "tflop_per_s": float,  # flops / median time, in 10**12 per second
     "peak_tflop_per_s": float,  # the device's dense fp16/bf16 peak, when known
     "fraction_of_peak": float,  # tflop_per_s / peak_tflop_per_s
@@ -60,7 +61,7 @@ ROW_COLUMNS = {
 }
 
 # Columns added after files were first committed: a file without them reads as None.
-OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average", "direction", "check_error", "tile",
+OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average", "direction", "check_error", "tile", "products",
                     "measured_peak_tflop_per_s", "fraction_of_measured_peak", "driver_version",
                     "cudnn_version", "gpu_state_start", "gpu_state_end")
 

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 
 from . import devices, kernels, memory, report, timing
-from .flops import ITEMSIZE, direction_flops
+from .flops import ITEMSIZE, direction_flops, products_done
 from .report import ROW_COLUMNS
 
 
@@ -167,7 +167,8 @@ def _empty_row(config, settings, device_name):
     row.update(kernel=config.kernel, backend=kernels.backend_of(config.kernel), device=settings.device,
                device_name=device_name, dtype=config.dtype, tf32=settings.tf32, B=config.B, H=config.H,
                T=config.T, d=config.d, causal=config.causal, direction=config.direction, status="ok",
-               flops=direction_flops(config.direction, config.B, config.H, config.T, config.d, config.causal))
+               flops=direction_flops(config.direction, config.B, config.H, config.T, config.d, config.causal),
+               products=products_done(config.kernel, config.direction))
     if settings.device == "cuda":
         peak = devices.peak_flops(device_name, config.dtype, settings.peak_tflops)
         row["peak_tflop_per_s"] = None if peak is None else peak / 1e12
