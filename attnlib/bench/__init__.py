@@ -11,6 +11,10 @@ Run it as ``python -m attnlib.bench`` (``--help`` lists every option,
 - :mod:`~attnlib.bench.sweep`: a sweep over configurations, one row each
 - :mod:`~attnlib.bench.report`: the row schema, the stamp, CSV and JSON files
 - :mod:`~attnlib.bench.plots`: figures of result rows against T
+- :mod:`~attnlib.bench.gpu_results`, :mod:`~attnlib.bench.gpu_plots`: the stored GPU
+  measurements, read and drawn for chapters 9 and 10 (imported where used)
+- :mod:`~attnlib.bench.source_counts`: the matrix products and lines of code in a
+  function's source (imported where used)
 - :mod:`~attnlib.bench.cli`: the command line
 - :mod:`~attnlib.bench.decode`: time per generated token with and without a KV cache,
   and the tiled kernel with a sliding window (its own command, ``python -m

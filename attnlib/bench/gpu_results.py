@@ -1,0 +1,149 @@
+"""The GPU measurements stored with attnlib (``attnlib/data/gpu/``), read for the book.
+
+The files were written by the benchmark (``tools/gpu_run.sh``, one step per file) on
+an NVIDIA H100 and are never edited by hand. Chapters 9 and 10 read them here, so that
+a page built on a machine without a GPU still plots and quotes real GPU numbers:
+
+- ``fwd_d64``, ``fwd_d128``: fp16 forward passes, B=4, H=32, T=512 ... 16384, with and
+  without a causal mask, for every kernel of the bench;
+- ``fwdbwd_d64``, ``fwdbwd_d128``: forward and backward together, from T=1024;
+- ``bf16``, ``fp32``, ``dobench_t4096``: other dtypes, and a cross-check of the timer.
+
+Every row is a row of :mod:`attnlib.bench.report` (``time_ms`` is the median of the
+timed calls). The helpers below pick rows, turn two rows into a speed ratio, count
+the tiles a causal pass skips, and read the stamp and the Nsight Compute report.
+"""
+
+import math
+import re
+from importlib.resources import files
+from pathlib import Path
+
+from . import report
+
+GPU_DIR = Path(files("attnlib") / "data" / "gpu")
+
+
+def load(name, folder=GPU_DIR):
+    """``(stamp, rows)`` of the stored GPU file ``name``, e.g. ``"fwd_d64"`` (``.csv`` added)."""
+    path = Path(folder) / (name if name.endswith(".csv") else f"{name}.csv")
+    if not path.exists():
+        known = sorted(p.stem for p in Path(folder).glob("*.csv"))
+        raise FileNotFoundError(f"no GPU result file {path.name!r} in {folder}; the stored ones are {known}")
+    return report.read_results(path)
+
+
+def find(rows, kernel, T, *, causal=False, **fields):
+    """The one row of ``kernel`` at sequence length ``T`` (and ``causal``, and any other
+    column given as a keyword, e.g. ``d=64``). Raises ``KeyError`` naming what was asked
+    when no row, or more than one, matches."""
+    wanted = {"kernel": kernel, "T": T, "causal": causal, **fields}
+    found = [r for r in rows if all(r[name] == value for name, value in wanted.items())]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} rows match {wanted}; pass more columns (d=, dtype=, direction=)")
+    return found[0]
+
+
+def speed_ratio(rows, kernel, reference, T, *, causal=False, **fields):
+    """How many times as fast ``kernel`` ran as ``reference``: the reference's median time
+    over the kernel's, at the same T (above 1: ``kernel`` is faster)."""
+    ours = find(rows, kernel, T, causal=causal, **fields)
+    theirs = find(rows, reference, T, causal=causal, **fields)
+    for row in (ours, theirs):
+        if row["status"] != "ok":
+            raise ValueError(f"{row['kernel']} at T={T} did not run ({row['status']}: {row['message']})")
+    return theirs["time_ms"] / ours["time_ms"]
+
+
+def tile_shape(row, kernel="fwd"):
+    """``(BLOCK_M, BLOCK_N)`` that the Triton kernel ``kernel`` ("fwd", "dkdv" or "dq")
+    ran with in ``row``, read from its ``tile`` column ("fwd 64x64 w4 s3; dkdv 32x64 w4 s3")."""
+    match = re.search(rf"\b{kernel} (\d+)x(\d+)", row.get("tile") or "")
+    if match is None:
+        raise ValueError(f"row of {row['kernel']} at T={row['T']} records no {kernel!r} tile "
+                         f"(tile={row.get('tile')!r})")
+    return int(match.group(1)), int(match.group(2))
+
+
+def causal_tiles(T, block_m, block_n):
+    """``(visited, total)``: the (query tile, key tile) pairs a causal pass over ``T``
+    tokens loads, and the pairs a pass without a mask loads.
+
+    Query tile ``i`` holds queries ``i * block_m`` to ``(i + 1) * block_m - 1``; its last
+    query sees keys up to its own index, so it loads the key tiles up to that one and
+    skips the rest. ``total / visited`` is the speed-up the tile count predicts.
+    """
+    n_query_tiles, n_key_tiles = math.ceil(T / block_m), math.ceil(T / block_n)
+    visited = sum(math.ceil(min(T, (i + 1) * block_m) / block_n) for i in range(n_query_tiles))
+    return visited, n_query_tiles * n_key_tiles
+
+
+def causal_speedups(rows, kernel, **fields):
+    """For each T where ``kernel`` ran with and without a causal mask: the time without
+    over the time with (measured), next to what the causal run's tile count predicts.
+
+    Returns a list of dicts with ``T``, ``tile`` (BLOCK_M, BLOCK_N of the causal run),
+    ``visited``, ``total``, ``predicted`` and ``measured``, by increasing T.
+    """
+    table = []
+    for T in sorted({r["T"] for r in rows if r["kernel"] == kernel}):
+        full = find(rows, kernel, T, causal=False, **fields)
+        causal = find(rows, kernel, T, causal=True, **fields)
+        if full["status"] != "ok" or causal["status"] != "ok":
+            continue
+        tile = tile_shape(causal)
+        visited, total = causal_tiles(T, *tile)
+        table.append({"T": T, "tile": tile, "visited": visited, "total": total,
+                      "predicted": total / visited, "measured": full["time_ms"] / causal["time_ms"]})
+    return table
+
+
+def cudnn_version_text(version):
+    """cuDNN's version number as torch reports it, written out: ``"91900"`` is ``"9.19.0"``
+    (cuDNN 9 counts major * 10000 + minor * 100 + patch), ``"8902"`` is ``"8.9.2"``
+    (cuDNN 8 and before: major * 1000 + minor * 100 + patch)."""
+    number = int(version)
+    major_unit = 10_000 if number >= 10_000 else 1_000
+    return f"{number // major_unit}.{number % major_unit // 100}.{number % 100}"
+
+
+def stamp_line(stamp):
+    """Where and with what a file was measured, from its stamp: the device, the library
+    versions and the date, e.g. ``"NVIDIA H100 80GB HBM3; torch 2.11.0+cu130, Triton 3.6.0,
+    cuDNN 9.19.0, CUDA 13.0, driver 580.159.04; 2026-11-25"``."""
+    parts = [f"torch {stamp['torch_version']}"]
+    if stamp.get("triton_version"):
+        parts.append(f"Triton {stamp['triton_version']}")
+    if stamp.get("cudnn_version"):
+        parts.append(f"cuDNN {cudnn_version_text(stamp['cudnn_version'])}")
+    if stamp.get("cuda_version"):
+        parts.append(f"CUDA {stamp['cuda_version']}")
+    if stamp.get("driver_version"):
+        parts.append(f"driver {stamp['driver_version']}")
+    return f"{stamp['device_name']}; {', '.join(parts)}; {stamp['date_utc'][:10]}"
+
+
+def gpu_state(stamp, when="end"):
+    """The GPU's state recorded in the stamp at the ``"start"`` or ``"end"`` of the run, as
+    ``{name: text}``, e.g. ``{"clocks.sm": "1650 MHz", "power.draw": "540.91 W", ...}``."""
+    text = stamp.get(f"gpu_state_{when}") or ""
+    return dict(part.strip().split("=", 1) for part in text.split(";") if "=" in part)
+
+
+def ncu_metrics(path=GPU_DIR / "ncu_fwd_d64.txt"):
+    """``{metric name: (unit, value)}`` from the sections of an Nsight Compute text report.
+
+    A value with digits only (commas and a decimal point allowed) becomes a float;
+    anything else stays text. Lines that are not ``name  [unit]  value`` rows are skipped.
+    """
+    row = re.compile(r"^\s{4}(\S.*?)\s{2,}(?:(\S+)\s{2,})?([\d,]+(?:\.\d+)?|\S+)\s*$")
+    metrics = {}
+    for line in Path(path).read_text().splitlines():
+        match = row.match(line)
+        if match is None or line.strip().startswith(("Section:", "Metric Name", "-", "OPT", "WRN")):
+            continue
+        name, unit, value = match.groups()
+        if re.fullmatch(r"[\d,]+(\.\d+)?", value):
+            value = float(value.replace(",", ""))
+        metrics[name.strip()] = (unit or "", value)
+    return metrics
