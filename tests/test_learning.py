@@ -108,7 +108,7 @@ def test_a_classifier_reads_every_answer_at_every_position():
     assert model(tokens).shape == (3, 8, 2, 10)
     maps = model.attention_maps(tokens)
     assert [m.shape for m in maps] == [(3, 2, 8, 8)]
-    torch.testing.assert_close(maps[0].sum(-1), torch.ones(3, 2, 8))
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(3, 2, 8, dtype=torch.float64))
 
 
 def test_a_classifier_can_read_at_chosen_positions_only():
@@ -131,7 +131,7 @@ def test_a_pointer_answers_with_one_score_per_token_and_its_softmax_is_its_atten
 def test_an_attention_layer_is_x_plus_its_heads_mixing_the_values():
     generator = torch.Generator().manual_seed(3)
     layer = AttentionLayer(12, 3, generator)
-    x = torch.randn(2, 5, 12, generator=generator)
+    x = torch.randn(2, 5, 12, generator=generator, dtype=torch.float64)
     weights = layer.weights(x)  # (2, 3, 5, 5)
     v = split_heads(x @ layer.w_v, 3)  # (2, 3, 5, 4)
     expected = x + merge_heads(weights @ v) @ layer.w_o

@@ -124,3 +124,65 @@ def test_at_least_four_interactive_figures_each_with_a_static_image_for_notebook
             assert any("image/png" in o.get("data", {}) for c in nearby if c.cell_type == "code"
                        for o in c.outputs), f"{chapter.name} {cell.get('id')}: no static image beside it"
     assert figures >= 4
+
+
+# --- Numbers at the precision the prose needs (issue 18) -----------------------------------------
+# A full float repr (0.9588865637779236) differs between CPUs in its last digits, and nbval
+# compares stored outputs, glued values included, as text: such a number fails on another machine.
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_stored_output_prints_a_number_with_8_or_more_significant_digits(chapter):
+    found = notebook_hygiene.long_numbers(nbformat.read(chapter, as_version=4))
+    assert not found, (f"{chapter.name}: print and glue numbers at the precision the prose needs "
+                       f"(or tag the cell {notebook_hygiene.MANY_DIGITS_TAG!r} if the digits are the "
+                       f"point):\n" + "\n".join(map(str, found)))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_glued_numbers_carry_no_more_decimals_than_the_prose_shows(chapter):
+    finer = notebook_hygiene.glue_finer_than_prose(nbformat.read(chapter, as_version=4))
+    assert not finer, (f"{chapter.name}: glue round(x, decimals) for these (name, value, decimals "
+                       "the prose shows):\n" + "\n".join(map(str, finer)))
+
+
+def test_significant_digits_are_counted_as_written():
+    assert notebook_hygiene.significant_digits("0.9588865637779236") == 16
+    assert notebook_hygiene.significant_digits("1.6e-14") == 2
+    assert notebook_hygiene.significant_digits("0.000123") == 3
+    assert notebook_hygiene.significant_digits("100.50") == 5
+
+
+def _cell_printing(text, source="print(x)", tags=()):
+    cell = nbformat.v4.new_code_cell(source, id="c")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+    cell.metadata["tags"] = list(tags)
+    return nbformat.v4.new_notebook(cells=[cell])
+
+
+def test_a_full_float_repr_is_found_and_short_or_exact_numbers_are_not():
+    assert notebook_hygiene.long_numbers(_cell_printing("weight 0.9588865637779236\n")) == [
+        ("c", "stream", "0.9588865637779236")]
+    assert notebook_hygiene.long_numbers(_cell_printing("error 1.6e-14, torch 2.13.0, 16777216 bytes, "
+                                                        "0.959, 12.345678e3\n")) == [
+        ("c", "stream", "12.345678e3")]
+
+
+def test_glued_values_are_stored_text_outputs_too():
+    cell = nbformat.v4.new_code_cell('glue("w", w, display=False)', id="g")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        notebook_hygiene.GLUE_MIME_PREFIX + "text/plain": "0.31131637096405"}, metadata={"scrapbook": {
+            "name": "w", "mime_prefix": notebook_hygiene.GLUE_MIME_PREFIX}})]
+    prose = nbformat.v4.new_markdown_cell("puts {glue:text}`w:.2f` on it")
+    nb = nbformat.v4.new_notebook(cells=[cell, prose])
+    assert notebook_hygiene.long_numbers(nb) == [("g", notebook_hygiene.GLUE_MIME_PREFIX + "text/plain",
+                                                  "0.31131637096405")]
+    assert notebook_hygiene.glue_finer_than_prose(nb) == [("w", 0.31131637096405, 2)]
+    cell.outputs[0]["data"][notebook_hygiene.GLUE_MIME_PREFIX + "text/plain"] = "0.31"
+    assert notebook_hygiene.long_numbers(nb) == [] and notebook_hygiene.glue_finer_than_prose(nb) == []
+
+
+def test_many_digits_on_purpose_are_marked_and_listings_are_code():
+    text = "online l = 2.677491286346\n"
+    assert notebook_hygiene.long_numbers(_cell_printing(text, tags=[notebook_hygiene.MANY_DIGITS_TAG])) == []
+    assert notebook_hygiene.long_numbers(_cell_printing("LOG2E = 1.4426950408889634\n",
+                                                        source="print(inspect.getsource(kernel))")) == []

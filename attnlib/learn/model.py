@@ -15,7 +15,7 @@ reaches it through attention, so the attention maps show all the model does.
 import torch
 from torch import nn
 
-from .layers import AttentionLayer, PointerHead
+from .layers import AttentionLayer, PointerHead, initial_normal
 
 
 class AttentionModel(nn.Module):
@@ -31,14 +31,18 @@ class AttentionModel(nn.Module):
     generator : torch.Generator
         Draws every initial weight. The models never touch torch's global
         random state, so two models built with one seed are identical.
+    dtype : torch.dtype
+        Every weight's dtype: float64 by default, so that what training learns
+        does not depend on the CPU's rounding (see :mod:`attnlib.learn.training`).
     """
 
-    def __init__(self, vocab_size, max_len, d_model, n_heads, n_layers, generator):
+    def __init__(self, vocab_size, max_len, d_model, n_heads, n_layers, generator, dtype=torch.float64):
         super().__init__()
         self.max_len = max_len
-        self.embedding = nn.Parameter(torch.randn(vocab_size, d_model, generator=generator))  # (V, d)
-        self.position = nn.Parameter(torch.randn(max_len, d_model, generator=generator))  # (T_max, d)
-        self.layers = nn.ModuleList(AttentionLayer(d_model, n_heads, generator) for _ in range(n_layers))
+        self.embedding = nn.Parameter(initial_normal((vocab_size, d_model), generator, dtype))  # (V, d)
+        self.position = nn.Parameter(initial_normal((max_len, d_model), generator, dtype))  # (T_max, d)
+        self.layers = nn.ModuleList(AttentionLayer(d_model, n_heads, generator, dtype)
+                                    for _ in range(n_layers))
 
     def embed(self, tokens):
         """Token ids (B, T) -> token vectors plus position vectors, (B, T, d_model)."""
@@ -84,14 +88,14 @@ class AttentionClassifier(AttentionModel):
     """
 
     def __init__(self, vocab_size, max_len, d_model, n_heads, n_layers, n_classes, *, n_targets=1,
-                 read_at=None, seed=0):
+                 read_at=None, seed=0, dtype=torch.float64):
         generator = torch.Generator().manual_seed(seed)
-        super().__init__(vocab_size, max_len, d_model, n_heads, n_layers, generator)
+        super().__init__(vocab_size, max_len, d_model, n_heads, n_layers, generator, dtype)
         self.n_targets, self.n_classes = n_targets, n_classes
         self.read_at = None if read_at is None else list(read_at)
-        self.read_out = nn.Linear(d_model, n_targets * n_classes)
+        self.read_out = nn.Linear(d_model, n_targets * n_classes, dtype=dtype)
         with torch.no_grad():
-            weight = torch.randn(n_targets * n_classes, d_model, generator=generator)
+            weight = initial_normal((n_targets * n_classes, d_model), generator, dtype)
             self.read_out.weight.copy_(weight / d_model**0.5)
             self.read_out.bias.zero_()
 
@@ -120,11 +124,12 @@ class AttentionPointer(AttentionModel):
     pointer head's attention row, the probability that the answer is token j.
     """
 
-    def __init__(self, vocab_size, max_len, d_model, n_heads, n_layers, *, read_at, seed=0):
+    def __init__(self, vocab_size, max_len, d_model, n_heads, n_layers, *, read_at, seed=0,
+                 dtype=torch.float64):
         generator = torch.Generator().manual_seed(seed)
-        super().__init__(vocab_size, max_len, d_model, n_heads, n_layers, generator)
+        super().__init__(vocab_size, max_len, d_model, n_heads, n_layers, generator, dtype)
         self.read_at = list(read_at)
-        self.pointer = PointerHead(d_model, d_model, generator)
+        self.pointer = PointerHead(d_model, d_model, generator, dtype)
 
     def forward(self, tokens):
         """Token ids (B, T) -> logits (B, P, 1, T)."""

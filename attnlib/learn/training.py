@@ -1,11 +1,23 @@
 """Training: one step of gradient descent, and a seeded loop around it.
 
-The loop is deterministic: the batches come from a seeded ``torch.Generator``
-and torch runs on one thread, so two runs with the same seed give the same
-weights, bit for bit.
+The loop is deterministic on one machine: the batches come from a seeded
+``torch.Generator`` and torch runs on one thread, so two runs with the same seed
+on the same machine and the same build of torch give the same weights, bit for
+bit. Across machines they do not: another CPU (or another torch build) may round
+some sums differently, and training amplifies those differences. The models
+therefore train in float64, where rounding differences start near 1e-16 and stay
+far below the digits the book prints; in float32 they start near 1e-7 and can
+reach the third decimal.
+
+:func:`perturb_initial_weights` is how the tests check that margin: with the
+environment variable ``ATTNLIB_PERTURB_INITIAL_WEIGHTS`` set (to ``1e-9``, say),
+:func:`train` first multiplies every weight by ``1 + 1e-9`` or ``1 - 1e-9`` (a
+seeded choice), a change ten million times larger than float64 rounding, and the
+chapters must still print the same numbers.
 """
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +37,38 @@ def training_step(model, optimizer, tokens, targets):
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
     optimizer.step()  # Adam moves every parameter against its gradient
     return loss.item()
+
+
+PERTURB_ENV = "ATTNLIB_PERTURB_INITIAL_WEIGHTS"
+
+
+@torch.no_grad()
+def perturb_initial_weights(model, relative=None, seed=0):
+    """Multiply every weight of ``model`` by ``1 + relative`` or ``1 - relative``, in place.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    relative : float, optional
+        The relative size of the change; by default the value of the
+        environment variable ``ATTNLIB_PERTURB_INITIAL_WEIGHTS``, and no change
+        at all when that is unset or 0.
+    seed : int
+        Seeds the choice of sign for each weight.
+
+    Returns
+    -------
+    float
+        The relative size used (0.0 when nothing changed).
+    """
+    if relative is None:
+        relative = float(os.environ.get(PERTURB_ENV) or 0.0)
+    if relative:
+        generator = torch.Generator().manual_seed(seed)
+        for parameter in model.parameters():
+            signs = torch.randint(2, parameter.shape, generator=generator) * 2 - 1  # +-1 each
+            parameter.mul_(1 + relative * signs.to(parameter.dtype))
+    return float(relative)
 
 
 @torch.no_grad()
@@ -53,7 +97,8 @@ class History:
     eval_accuracy: list = field(default_factory=list)
 
 
-def train(model, sample_batch, *, steps, lr=3e-3, seed=0, evaluate=None, eval_every=50, log=None):
+def train(model, sample_batch, *, steps, lr=3e-3, seed=0, evaluate=None, eval_every=50, log=None,
+          lr_decay=False):
     """Train ``model`` with Adam for ``steps`` steps; deterministic given ``seed``.
 
     Parameters
@@ -72,18 +117,29 @@ def train(model, sample_batch, *, steps, lr=3e-3, seed=0, evaluate=None, eval_ev
         ``eval_every`` steps and after the last.
     log : callable, optional
         ``log(step, loss, accuracy)`` after each evaluation (e.g. print).
+    lr_decay : bool
+        Lower the learning rate linearly from ``lr`` towards 0 over the run (the
+        last step takes ``lr / steps``). Adam sizes each step from the gradient's
+        recent scale, not its size, so late in a run, with the loss near 0, it
+        keeps taking full steps along tiny gradients, and a model can go on
+        amplifying differences as small as rounding. Shrinking steps let the
+        weights settle where the run leads them.
 
     Returns
     -------
     History
     """
+    perturb_initial_weights(model)  # nothing unless a test asks for it (see the module's docstring)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1 - done / steps) if lr_decay else None
     history = History()
     with torch_threads(1):
         for step in range(1, steps + 1):
             tokens, targets = sample_batch(generator)
             history.losses.append(training_step(model, optimizer, tokens, targets))
+            if schedule is not None:
+                schedule.step()
             if evaluate is not None and (step % eval_every == 0 or step == steps):
                 history.eval_steps.append(step)
                 history.eval_accuracy.append(evaluate(model))
