@@ -88,10 +88,12 @@ def test_the_training_batches_are_the_next_token_loss_of_the_whole_sequence():
     torch.testing.assert_close(classification_loss(model(tokens), targets), next_token_loss(model(whole), whole))
 
 
-def test_an_untrained_model_guesses_every_token_at_about_log_v(data):
+def test_an_untrained_model_does_no_better_than_an_even_guess(data):
+    # random logits are not flat: the loss sits a little above log V (chapter 11 says so), never below
     scores = induction.repeat_scores(recipes.induction_model(), data)
-    assert abs(scores["repeat_loss"] - np.log(induction.VOCAB_SIZE)) < 0.3
-    assert abs(scores["other_loss"] - np.log(induction.VOCAB_SIZE)) < 0.3
+    log_v = np.log(induction.VOCAB_SIZE)
+    assert log_v <= scores["repeat_loss"] < log_v + 1.0
+    assert log_v <= scores["other_loss"] < log_v + 1.0
     assert scores["repeat_accuracy"] < 0.15
 
 
@@ -131,11 +133,17 @@ def test_an_induction_head_forms_in_the_second_layer(trained):
 def test_ablating_the_induction_head_or_the_previous_token_head_breaks_copying(trained):
     model, _, _, data = trained
     induction_scores, previous_scores = head_scores(model.attention_maps(data.tokens), data)
-    full = induction.repeat_scores(model, data)["repeat_accuracy"]
-    no_induction = without_head(model, 1, int(induction_scores[1].argmax()))
-    no_previous = without_head(model, 0, int(previous_scores[0].argmax()))
-    for ablated in (no_induction, no_previous):
-        assert induction.repeat_scores(ablated, data)["repeat_accuracy"] < full - 0.3
+    def accuracy(ablated):
+        return induction.repeat_scores(ablated, data)["repeat_accuracy"]
+
+    full = accuracy(model)
+    heads = {1: int(induction_scores[1].argmax()), 0: int(previous_scores[0].argmax())}
+    for layer, head in heads.items():
+        without_it, without_the_other = (accuracy(without_head(model, layer, h)) for h in (head, 1 - head))
+        assert without_it < full - 0.2  # the head the maps single out carries much of the copying ...
+        assert without_it < without_the_other  # ... more than the other head of its layer
+        without_both = accuracy(without_head(without_head(model, layer, 0), layer, 1))
+        assert without_both < 0.2  # and without its layer copying is gone (chapter 11's claim)
 
 
 def test_a_one_layer_model_does_not_learn_to_copy():

@@ -33,6 +33,7 @@ CHAPTERS = {
     8: "08_timing_on_gpu",
     9: "09_without_the_matrix",
     10: "10_backward_pass",
+    11: "11_attention_inside_a_transformer",
     12: "12_generating_text",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}

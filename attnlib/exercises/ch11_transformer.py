@@ -126,8 +126,10 @@ rope_shift = ValueExercise(
         "k_turned = np.array([k[0] * np.cos(offset) - k[1] * np.sin(offset),\n"
         "                     k[0] * np.sin(offset) + k[1] * np.cos(offset)])\n"
         "answer = float(q @ k_turned)  # = -sin(3)\n"
-        f"both_turned = attnlib.rope(q[None], [{ROPE_POSITIONS[0]}]) @ attnlib.rope(k[None], [{ROPE_POSITIONS[1]}]).T\n"
-        'print(f"key turned by the offset alone: {answer:.4f}; both turned: {both_turned[0, 0]:.4f}")'
+        f"q_turned = attnlib.rope(q[None], [{ROPE_POSITIONS[0]}])  # (1, 2)\n"
+        f"k_both = attnlib.rope(k[None], [{ROPE_POSITIONS[1]}])  # (1, 2)\n"
+        "both_turned = (q_turned @ k_both.T).item()\n"
+        'print(f"key turned by the offset alone: {answer:.4f}; both turned: {both_turned:.4f}")'
     ),
     answer_name="answer",
     expected=lambda: _rope_score(*ROPE_POSITIONS),
