@@ -314,17 +314,30 @@ def test_attention_backward_with_the_triton_backend_matches_autograd(dtype, rng)
         torch.testing.assert_close(g.double(), e, rtol=GRAD_TOLERANCE[dtype], atol=GRAD_TOLERANCE[dtype])
 
 
-DKDV_NAMES = [f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}" for c in triton_backward.DKDV_CONFIGS]
+# The two lists need not be equally long: pair them index by index, the shorter one cycling, so
+# that every tile of each list runs.
+N_BACKWARD_PAIRS = max(len(triton_backward.DKDV_CONFIGS), len(triton_backward.DQ_CONFIGS))
 
 
-@pytest.mark.parametrize("config_index", range(len(triton_backward.DKDV_CONFIGS)), ids=DKDV_NAMES)
+def _backward_config(configs, index):
+    return configs[index % len(configs)]
+
+
+BACKWARD_PAIR_NAMES = [
+    "-".join(f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}w{c.num_warps}"
+             for c in (_backward_config(triton_backward.DKDV_CONFIGS, i),
+                       _backward_config(triton_backward.DQ_CONFIGS, i)))
+    for i in range(N_BACKWARD_PAIRS)]
+
+
+@pytest.mark.parametrize("config_index", range(N_BACKWARD_PAIRS), ids=BACKWARD_PAIR_NAMES)
 @pytest.mark.parametrize("causal, t_q, t_k", [(None, 70, 37), ("top-left", 70, 37),
                                               ("top-left", 37, 150), ("bottom-right", 37, 150)])
 def test_every_autotuned_backward_tile_on_ragged_shapes(config_index, causal, t_q, t_k, rng):
     """Each (dK/dV tile, dQ tile) pair the GPU autotuner may pick, on lengths none divides."""
     tiles = {}
     for name, configs in (("dkdv", triton_backward.DKDV_CONFIGS), ("dq", triton_backward.DQ_CONFIGS)):
-        config = configs[config_index]
+        config = _backward_config(configs, config_index)
         tiles[name] = {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_N": config.kwargs["BLOCK_N"]}
         if ON_GPU:
             tiles[name].update(num_warps=config.num_warps, num_stages=config.num_stages)

@@ -328,17 +328,20 @@ def _attn_bwd_dq(
 # forward (triton_flash.FWD_TILES): (config, largest padded head dim, "tc" or "any").
 DKDV_TILES = [
     (triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=3), 128, "tc"),
-    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=3), 128, "tc"),
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=3), 64, "tc"),
     (triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2), 64, "tc"),
     (triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=2), 64, "tc"),
-    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 128, "any"),
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 32, "any"),
+    (triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1), 64, "any"),
+    (triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=8, num_stages=1), 128, "any"),
 ]
 DQ_TILES = [
     (triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=3), 128, "tc"),
     (triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3), 128, "tc"),
     (triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2), 128, "tc"),
     (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2), 128, "tc"),
-    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 128, "any"),
+    (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 64, "any"),
+    (triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=8, num_stages=1), 128, "any"),
 ]
 DKDV_CONFIGS = [config for config, _, _ in DKDV_TILES]
 DQ_CONFIGS = [config for config, _, _ in DQ_TILES]
