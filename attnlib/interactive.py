@@ -25,97 +25,19 @@ compare it with a fresh run.
 import hashlib
 import html
 import math
+from importlib import resources
 
 import numpy as np
 
 from attnlib.plotting import ROLE_CMAPS, SCORES_CMAP, WEIGHTS_CMAP
 
-CSS = """
-.attn-interactive{font-family:var(--pst-font-family-base,system-ui,sans-serif);font-size:15px;
- line-height:1.4;margin:.5em 0 1em;max-width:100%;overflow-x:auto;color:#222}
-.attn-interactive .attn-title{font-weight:600;margin:0 0 .3em}
-.attn-interactive .attn-frame-title{font-weight:600;margin:.2em 0}
-.attn-interactive .attn-caption{margin:.2em 0 .5em}
-.attn-interactive .attn-row{display:flex;flex-wrap:wrap;gap:.6em 1.2em;align-items:flex-start}
-.attn-interactive table.attn-matrix{border-collapse:collapse;margin:0;font-variant-numeric:tabular-nums;
- display:table;width:auto}
-.attn-interactive table.attn-matrix caption{caption-side:top;text-align:left;font-weight:600;
- padding:0 0 .2em;white-space:nowrap}
-.attn-interactive table.attn-matrix td,.attn-interactive table.attn-matrix th{padding:.15em .4em;
- text-align:center;border:1px solid #fff;min-width:2.6em;font-size:14px;overflow-wrap:normal}
-.attn-interactive table.attn-matrix th{font-weight:normal;color:#444;background:none}
-.attn-interactive table.attn-matrix th.attn-col{vertical-align:bottom}
-.attn-interactive table.attn-matrix tr.attn-hl td{outline:2px solid #1f77b4;outline-offset:-2px}
-.attn-interactive table.attn-matrix td.attn-pending{opacity:.35}
-.attn-interactive table.attn-matrix td.attn-current{outline:3px solid #54278f;outline-offset:-3px}
-.attn-interactive table.attn-matrix td[data-readout]{cursor:crosshair}
-.attn-interactive table.attn-matrix td.attn-hover{outline:2px solid #000;outline-offset:-2px}
-.attn-interactive .attn-readout{min-height:1.5em;margin:.4em 0 0;font-variant-numeric:tabular-nums}
-.attn-interactive .attn-controls{display:flex;flex-wrap:wrap;align-items:center;gap:.5em;margin:.3em 0 .5em}
-.attn-interactive .attn-controls button{font:inherit;padding:.2em .8em;border:1px solid #888;
- border-radius:4px;background:#f4f4f4;color:#222;cursor:pointer}
-.attn-interactive .attn-controls button:disabled{opacity:.4;cursor:default}
-.attn-interactive .attn-controls input[type=range]{flex:1 1 8em;min-width:6em;max-width:18em}
-.attn-interactive .attn-bar{display:flex;align-items:center;gap:.5em;margin:.15em 0}
-.attn-interactive .attn-bar-label{width:5em;text-align:right}
-.attn-interactive .attn-bar-track{flex:0 1 20em;background:#eee;height:1.1em}
-.attn-interactive .attn-bar-fill{background:#6a51a3;height:100%}
-.attn-interactive .attn-math{font-style:italic}
-"""
-
-# The one piece of JavaScript every figure carries. A figure with several frames gets
-# Previous / Next buttons and a slider; a cell with data-readout shows its text in the
-# readout line under the pointer (or on focus or a tap, for keyboards and phones).
-SCRIPT = """(function () {
-  var root = document.getElementById("%(id)s");
-  if (!root || root.getAttribute("data-ready")) return;
-  root.setAttribute("data-ready", "1");
-  var frames = root.querySelectorAll(".attn-frame");
-  if (frames.length > 1) {
-    var bar = document.createElement("div");
-    bar.className = "attn-controls";
-    var prev = document.createElement("button");
-    prev.type = "button"; prev.className = "attn-prev"; prev.textContent = "\\u25C0 Previous";
-    var slider = document.createElement("input");
-    slider.type = "range"; slider.className = "attn-slider";
-    slider.min = "1"; slider.max = String(frames.length); slider.step = "1"; slider.value = "1";
-    slider.setAttribute("aria-label", "%(slider_label)s");
-    var next = document.createElement("button");
-    next.type = "button"; next.className = "attn-next"; next.textContent = "Next \\u25B6";
-    var counter = document.createElement("span");
-    counter.className = "attn-counter"; counter.setAttribute("aria-live", "polite");
-    bar.appendChild(prev); bar.appendChild(slider); bar.appendChild(next); bar.appendChild(counter);
-    root.insertBefore(bar, frames[0]);
-    var show = function (k) {
-      k = Math.max(0, Math.min(frames.length - 1, k));
-      for (var i = 0; i < frames.length; i++) frames[i].hidden = (i !== k);
-      root.setAttribute("data-frame", String(k + 1));
-      slider.value = String(k + 1);
-      prev.disabled = (k === 0); next.disabled = (k === frames.length - 1);
-      counter.textContent = (k + 1) + " / " + frames.length + ": " + frames[k].getAttribute("data-title");
-    };
-    prev.addEventListener("click", function () { show(Number(slider.value) - 2); });
-    next.addEventListener("click", function () { show(Number(slider.value)); });
-    slider.addEventListener("input", function () { show(Number(slider.value) - 1); });
-    show(0);
-  }
-  var readout = root.querySelector(".attn-readout");
-  if (readout) {
-    var cells = root.querySelectorAll("[data-readout]");
-    var point = function (cell) {
-      var old = root.querySelector(".attn-hover");
-      if (old) old.classList.remove("attn-hover");
-      cell.classList.add("attn-hover");
-      readout.textContent = cell.getAttribute("data-readout");
-    };
-    for (var i = 0; i < cells.length; i++) {
-      cells[i].tabIndex = 0;
-      ["mouseover", "focus", "click"].forEach(function (name) {
-        cells[i].addEventListener(name, function (event) { point(event.currentTarget); });
-      });
-    }
-  }
-})();"""
+# The figures' stylesheet and the one piece of JavaScript every figure carries live in their
+# own files beside this one (package data), read once and inlined into each figure. A figure
+# with several frames gets Previous / Next buttons and a slider; a cell with data-readout
+# shows its text in the readout line under the pointer (or on focus or a tap, for keyboards
+# and phones). The script is a %-template: %(id)s and %(slider_label)s are filled per figure.
+CSS = resources.files(__package__).joinpath("interactive.css").read_text(encoding="utf-8")
+SCRIPT = resources.files(__package__).joinpath("interactive.js").read_text(encoding="utf-8").rstrip("\n")
 
 
 class InteractiveFigure:
