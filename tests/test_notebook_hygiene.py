@@ -186,3 +186,25 @@ def test_many_digits_on_purpose_are_marked_and_listings_are_code():
     assert notebook_hygiene.long_numbers(_cell_printing(text, tags=[notebook_hygiene.MANY_DIGITS_TAG])) == []
     assert notebook_hygiene.long_numbers(_cell_printing("LOG2E = 1.4426950408889634\n",
                                                         source="print(inspect.getsource(kernel))")) == []
+
+
+# --- Citations ------------------------------------------------------------------------------------
+# The strict build fails on a {cite} key that references.bib lacks, after executing every chapter;
+# this finds it in a second.
+CITE_ROLE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+
+
+def test_every_cited_key_is_in_references_bib():
+    bib_keys = set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), re.MULTILINE))
+    pages = [*CHAPTERS, ROOT / "book" / "index.md", ROOT / "book" / "further_reading.md"]
+    missing = {}
+    for page in pages:
+        if page.suffix == ".ipynb":
+            text = "\n".join(c.source for c in nbformat.read(page, as_version=4).cells if c.cell_type == "markdown")
+        else:
+            text = page.read_text()
+        for keys in CITE_ROLE.findall(text):
+            for key in (k.strip() for k in keys.split(",")):
+                if key not in bib_keys:
+                    missing.setdefault(page.name, set()).add(key)
+    assert not missing, f"cited but not in references.bib: {missing}"
