@@ -238,6 +238,11 @@ def _weights_diagnose(case, given, answer):
     return None  # finite but wrong: the listed mistakes, then the general symptoms
 
 
+def _exp_limit(dtype):
+    """Where exp overflows in ``dtype``: the log of its largest number, 709.78... in float64."""
+    return float(np.log(float(np.finfo(dtype).max)))
+
+
 fix_missing_max = FunctionExercise(
     id="ch4.fix_missing_max",
     title="Find the bug: the weights turn into NaN",
@@ -266,9 +271,10 @@ fix_missing_max = FunctionExercise(
         "global_max": Mistake(lambda q, k: _global_max_softmax(_scaled_scores(q, k)), HINT_GLOBAL_MAX),
     },
     explanation=(
-        "`np.exp` overflows to `inf` a little above 709 in float64 (and above 88 in float32), and "
-        "`inf / inf` is NaN. Large activations or a missing scale can produce such scores, and in "
-        "float16 the limit is only about 11."
+        f"`np.exp` overflows to `inf` a little above {int(_exp_limit(np.float64))} in float64 (and above "
+        f"{int(_exp_limit(np.float32))} in float32), and `inf / inf` is NaN. Large activations or a "
+        f"missing scale can produce such scores, and in float16 the limit is only about "
+        f"{round(_exp_limit(np.float16))}."
     ),
 )
 
