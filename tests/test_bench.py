@@ -257,15 +257,33 @@ def test_torch_cpu_peak_sees_the_naive_matrix_and_not_the_fused_one():
 # --- kernels --------------------------------------------------------------------------------------
 
 
-def test_cpu_kernels_include_every_backend_and_each_pinned_sdpa_kernel():
+def test_cpu_kernels_include_every_backend_and_the_pinned_sdpa_kernels_a_cpu_has():
     available = kernels.available_kernels("cpu")
     for name in attnlib.backends():
         if name == "sdpa":
-            assert set(kernels.SDPA_KERNELS) <= set(available)
-        elif name != "triton":
+            assert {"sdpa-flash", "sdpa-math"} <= set(available)
+        elif name not in ("triton", "triton-simple"):
             assert name in available
     assert "triton" not in available
     assert "sdpa" not in available  # only pinned kernels are timed
+    assert not set(kernels.GPU_ONLY_SDPA_KERNELS) & set(available)  # they only say "unsupported" here
+
+
+@pytest.mark.parametrize("kernel", kernels.GPU_ONLY_SDPA_KERNELS)
+def test_the_sdpa_kernels_left_out_on_a_cpu_really_cannot_run_there(kernel):
+    q, k, v = kernels.make_inputs("torch", 1, 2, 32, 8, "float32", "cpu")
+    with pytest.raises(RuntimeError), kernels.pinned(kernel):
+        kernels.make_call(kernel, q, k, v, False)()
+
+
+def test_a_run_without_output_says_nothing_was_saved_and_plot_draws_a_file(tmp_path, capsys):
+    image = tmp_path / "rows.png"
+    assert cli.main(["--kernels", "numpy,tiled", "--seq-lens", "32", "64", "--head-dims", "8",
+                     "--causal", "both", "--no-progress", "--device", "cpu", "--plot", str(image)]) == 0
+    out = capsys.readouterr().out
+    assert "were not saved: add --output" in out
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 10_000
+    assert "% peak" in out and "of peak" not in out  # the header's last columns read apart
 
 
 def test_gpu_kernels_leave_out_numpy_backends():
@@ -533,13 +551,13 @@ def test_gpu_presets_dry_run_without_a_gpu(preset, capsys):
 
 def test_main_runs_a_tiny_sweep_and_writes_json(tmp_path, capsys):
     path = tmp_path / "tiny.json"
-    code = cli.main(["--quick", "--seq-lens", "32", "--kernels", "numpy,loop,torch,sdpa-flash,sdpa-efficient",
+    code = cli.main(["--quick", "--seq-lens", "32", "--kernels", "numpy,loop,torch,sdpa-flash,sdpa-math",
                      "--no-progress", "--no-memory", "--tf32", "on", "--threads", "1", "--output", str(path)])
     assert code == 0
     stamp, rows = report.read_results(path)
     assert stamp["tf32"] is True and all(r["tf32"] is True for r in rows)
     assert stamp["torch_num_threads"] == 1
-    assert {r["kernel"] for r in rows} == {"numpy", "loop", "torch", "sdpa-flash", "sdpa-efficient"}
+    assert {r["kernel"] for r in rows} == {"numpy", "loop", "torch", "sdpa-flash", "sdpa-math"}
     assert len(rows) == 10  # 5 kernels, causal off and on
     assert "--quick" in stamp["command"]
     out = capsys.readouterr().out
@@ -549,6 +567,12 @@ def test_main_runs_a_tiny_sweep_and_writes_json(tmp_path, capsys):
 def test_main_rejects_unknown_kernels():
     with pytest.raises(SystemExit):
         cli.main(["--kernels", "no-such-kernel", "--no-progress"])
+
+
+def test_a_gpu_only_sdpa_kernel_asked_for_on_a_cpu_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--kernels", "sdpa-cudnn", "--device", "cpu", "--no-progress"])
+    assert "['sdpa-cudnn'] are not available on cpu" in capsys.readouterr().err
 
 
 def test_list_kernels(capsys):

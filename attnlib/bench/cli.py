@@ -163,6 +163,9 @@ def build_parser():
 
     out = parser.add_argument_group("output")
     out.add_argument("--output", "-o", metavar="PATH", help="write the rows to this file (CSV or JSON)")
+    out.add_argument("--plot", metavar="PATH",
+                     help="draw time and peak memory against T (one panel each) into this image file "
+                          "(PNG, SVG or PDF, from its suffix)")
     out.add_argument("--format", choices=["csv", "json"],
                      help="file format (default: from the suffix of --output)")
     out.add_argument("--reference", metavar="KERNEL",
@@ -252,11 +255,39 @@ def main(argv=None):
     writer.finish(rows)
     if args.output:
         print(f"\nwrote {len(rows)} rows to {args.output}")
+    else:
+        print(f"\nthe {len(rows)} rows above were not saved: add --output FILE.csv (or .json) to keep them")
+    if args.plot:
+        save_plot(rows, stamp, args.plot)
+        print(f"drew time and peak memory against T in {args.plot}")
     errors = [r for r in rows if r["status"] == "error"]
     if errors:
         print(f"{len(errors)} rows failed with an error (status 'error'); see their message column",
               file=sys.stderr)
     return 1 if errors else 0
+
+
+def save_plot(rows, stamp, path):
+    """Time and peak extra memory against T, one row of two panels per group of rows
+    (batch, heads, d, dtype, direction, causal), titled with the stamp; written to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, no window
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    groups = report.split_groups(rows)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4 * len(groups)), squeeze=False,
+                             constrained_layout=True)
+    for (ax_time, ax_memory), ((B, H, d, dtype, direction, causal), group) in zip(axes, groups.items()):
+        plots.plot_against_t(ax_time, group, "time_ms")
+        plots.plot_against_t(ax_memory, group, "peak_extra_bytes")
+        ax_time.set_title(f"B={B} H={H} d={d} {dtype} {direction}{' causal' if causal else ''}",
+                          fontsize=9)
+    fig.suptitle(plots.describe(stamp), fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def dry_run(options, device):

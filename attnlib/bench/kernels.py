@@ -52,12 +52,16 @@ def array_kind(kernel):
     return backend_module(backend_of(kernel)).ARRAY_KIND
 
 
+# SDPA kernels with no CPU implementation in PyTorch: pinned on a CPU they raise "No available kernel".
+GPU_ONLY_SDPA_KERNELS = ("sdpa-efficient", "sdpa-cudnn")
+
+
 def available_kernels(device):
     """Every kernel that can be timed on ``device`` ("cpu" or "cuda"), readable ones first."""
     kernels = []
     for name in backends():
         if name == "sdpa":
-            kernels += list(SDPA_KERNELS)
+            kernels += [k for k in SDPA_KERNELS if device == "cuda" or k not in GPU_ONLY_SDPA_KERNELS]
         elif name in ("triton", "triton-simple"):
             if device == "cuda":
                 kernels.append(name)

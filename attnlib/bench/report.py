@@ -347,7 +347,7 @@ def _cell(value, fmt):
 def format_rows(rows):
     """A plain-text table of the rows, for the terminal."""
     header = (f"{'kernel':<15} {'dtype':<9} {'causal':<6} {'B':>3} {'H':>3} {'T':>6} {'d':>4} "
-              f"{'median ms':>10} {'IQR ms':>15} {'TFLOP/s':>8} {'of peak':>7} {'peak MiB':>9}  status")
+              f"{'median ms':>10} {'IQR ms':>15} {'TFLOP/s':>8} {'% peak':>7} {'peak MiB':>9}  status")
     # a flagged row's status ends in " (flagged)"; format_flags says why
     lines = [header, "-" * len(header)]
     for r in rows:
