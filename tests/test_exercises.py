@@ -1,5 +1,5 @@
 """attnlib.exercises: every solution passes, every typical mistake gets its hint, nothing a learner
-passes makes check raise, and the starter cells report "not solved yet"."""
+passes makes check raise, and the starter cells report "waiting for your answer"."""
 
 import re
 import sys
@@ -68,7 +68,7 @@ def test_the_starter_cell_reports_not_solved_yet(ex_id):
     result = check(ex_id, run_code(exercise.starter, exercise.answer_name))
     assert not result.passed
     assert result.status == "not solved"
-    assert "not solved yet" in result.message
+    assert "waiting for your answer" in result.message
 
 
 @pytest.mark.parametrize(("ex_id", "key"), MISTAKES)
@@ -848,3 +848,22 @@ def test_each_typical_mistake_gets_its_own_hint_and_no_other(ex_id, key):
     own = exercise.mistakes[key].hint
     others = {mistake.hint for other, mistake in exercise.mistakes.items() if other != key}
     assert not [hint for hint in others if hint in message and hint not in own]
+
+
+def test_printed_feedback_is_wrapped_to_the_code_column_and_keeps_indented_lines():
+    from attnlib.exercises import FEEDBACK_WIDTH, wrap_feedback
+
+    long_line = "ch0.x: " + " ".join(["word"] * 60)
+    wrapped = wrap_feedback(long_line + "\n    q = np.ones((4, 4))  " + "# " + "x" * 100)
+    lines = wrapped.splitlines()
+    assert all(len(line) <= FEEDBACK_WIDTH for line in lines[:-1]) and len(lines) > 2
+    assert " ".join(lines[:-1]) == long_line  # only line breaks added
+    assert lines[-1].startswith("    q = np.ones")  # code is never re-flowed
+
+
+def test_every_exercise_prints_its_waiting_message_within_the_code_column(capsys):
+    for exercise_id in attnlib.exercises.list():
+        result = attnlib.exercises.check(exercise_id, ...)
+        printed = capsys.readouterr().out
+        assert result.status == "not solved" and "waiting for your answer" in printed
+        assert max(len(line) for line in printed.splitlines()) <= 88, printed

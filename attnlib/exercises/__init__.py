@@ -16,6 +16,7 @@ solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
 import difflib
+import textwrap
 
 from . import (
     ch1_qkv,
@@ -98,8 +99,25 @@ def check(exercise_id, answer):
         answer never raises: whatever it does becomes feedback.
     """
     result = get(exercise_id).check(answer)
-    print(result.message)
+    print(wrap_feedback(result.message))
     return result
+
+
+FEEDBACK_WIDTH = 88  # the book's code column: printed feedback never scrolls sideways
+
+
+def wrap_feedback(message, width=FEEDBACK_WIDTH):
+    """``message`` with each line broken at spaces to at most ``width`` characters where it can be.
+
+    Lines that start with spaces (code, tables of values) are kept as they are.
+    """
+    lines = []
+    for line in message.splitlines() or [""]:
+        if line.startswith(" ") or len(line) <= width:
+            lines.append(line)
+        else:
+            lines.extend(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False))
+    return "\n".join(lines)
 
 
 # ``list`` stays out of __all__: a star import must not hide the builtin.

@@ -678,14 +678,14 @@ class Exercise:
         return Result(self.id, True, "passed", f"{self.id}: {what}.")
 
     def not_solved(self, why):
-        return Result(self.id, False, "not solved", f"{self.id}: not solved yet. {why}")
+        return Result(self.id, False, "not solved", f"{self.id}: waiting for your answer. {why}")
 
     def refuse_non_function(self, answer):
         """The Result for a stub or a non-function where a function is due, else None."""
         if _is_stub(answer):
             return self.not_solved(
                 f"`{self.answer_name}` is still `{stub_text(answer)}`: define the function, "
-                "then run the cell again."
+                "then run the cell to check it."
             )
         if not callable(answer):
             return self.failed(
@@ -701,7 +701,7 @@ class Exercise:
         name = getattr(answer, "__name__", self.answer_name)
         return self.not_solved(
             f"`{name}` returned {stub_text(value)}: write its body in place of `...` "
-            "(and check it ends with `return`), then run the cell again."
+            "(and check it ends with `return`), then run the cell to check it."
         )
 
     def failed(self, headline, failure, case=None):
@@ -757,7 +757,7 @@ class FunctionExercise(Exercise):
         if self.kind == "find the bug" and same_code(answer, self.shipped_bug()):
             return self.not_solved(
                 f"`{answer.__name__}` is still the starter, bug included. Run it on a small example, "
-                "find the mistake, fix it in the cell and run the cell again."
+                "find the mistake, fix it in the cell and run it to check it."
             )
         cases = self.cases()
         for number, case in enumerate(cases, start=1):
@@ -962,7 +962,7 @@ class ValueExercise(Exercise):
         if _is_stub(answer):
             return self.not_solved(
                 f"`{self.answer_name}` is still `{stub_text(answer)}`: set it to your number, "
-                "then run the cell again."
+                "then run the cell to check it."
             )
         number = _as_number(answer)
         if number is None:
@@ -1024,7 +1024,7 @@ class ChoiceExercise(Exercise):
         if _is_stub(answer):
             return self.not_solved(
                 f"`{self.answer_name}` is still `{stub_text(answer)}`: set it to one of {self._listed()}, "
-                "then run the cell again."
+                "then run the cell to check it."
             )
         if not isinstance(answer, str) or normalise_choice(answer) not in self.options:
             given = f"{answer!r}" if isinstance(answer, str) else describe_value(answer)
