@@ -291,8 +291,7 @@ def test_gpu_kernels_leave_out_numpy_backends():
         assert kernels.array_kind(name) == "torch"
 
 
-@pytest.mark.parametrize("kernel", [k for k in kernels.available_kernels("cpu")
-                                    if k not in ("sdpa-efficient", "sdpa-cudnn")])
+@pytest.mark.parametrize("kernel", kernels.available_kernels("cpu"))
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_cpu_kernel_computes_attention(kernel, causal):
     q, k, v = kernels.make_inputs(kernels.array_kind(kernel), 1, 2, 32, 8, "float64", "cpu")

@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tools.nbedit import editing  # noqa: E402
+from tools.sync_prose import GLUE_MIME_PREFIX  # noqa: E402
+from tools.sync_prose import ROLE as GLUE_ROLE  # noqa: E402
 
 NBVAL_TAGS = {
     "NBVAL_IGNORE_OUTPUT": "nbval-ignore-output",
@@ -49,8 +51,6 @@ MANY_DIGITS_TAG = "many-digits-intentional"
 # A number with a decimal point, and an exponent if it has one; not part of a name or of a
 # dotted version such as 2.13.0. Integers are exact and not matched.
 DECIMAL_NUMBER = re.compile(r"(?<![\w.])(\d*\.\d+|\d+\.)([eE][-+]?\d+)?(?![\w.])")
-GLUE_MIME_PREFIX = "application/papermill.record/"
-GLUE_ROLE = re.compile(r"\{glue(?::(text|md|any)?)?\}`([^`]+)`")
 FIXED_POINT_SPEC = re.compile(r"\.(\d+)([fF%])$")
 
 
