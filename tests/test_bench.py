@@ -788,7 +788,7 @@ def test_rows_say_how_many_products_each_kernel_really_does():
     assert row["products"] == 9 and row["flops"] == 3.5 * 4 * 8 * 8 * 8
 
 
-@pytest.mark.parametrize("step", ["check", "fwd", "fwdbwd", "extra"])
+@pytest.mark.parametrize("step", ["check", "fwd", "fwdbwd", "extra", "recheck"])
 def test_gpu_run_dry_runs_each_step_on_a_cpu(step, tmp_path):
     import subprocess
     import sys

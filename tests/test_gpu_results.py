@@ -205,3 +205,34 @@ def test_the_teaching_kernel_is_at_most_40_lines_and_shorter_than_the_library_ke
     library = (source_counts.code_lines(triton_flash._attn_fwd)
                + source_counts.code_lines(triton_flash._attn_fwd_inner))
     assert simple <= 40 < library
+
+
+def test_the_h200_recheck_ran_the_tiles_the_library_offers_now():
+    """attnlib/data/gpu/h200 (README there): a fwd+bwd sweep at d=128 after the dK/dV tile limits changed.
+
+    Each Triton row must name, for every kernel, a tile that autotuning may pick for fp16 at d=128 now;
+    a change to the tile lists that drops one fails here until the sweep is run again. The kernels are
+    imported in a subprocess under the interpreter, as tests/test_triton.py needs them (see there).
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    stamp, rows = gpu_results.load("fwdbwd_d128", folder=gpu_results.GPU_DIR / "h200")
+    assert "H200" in stamp["device_name"] and stamp["triton_version"] == "3.6.0"
+    tiles = {r["tile"] for r in rows if r["kernel"] == "triton" and r["status"] == "ok"}
+    assert len(rows) == 70 and tiles
+    script = (
+        "import json\n"
+        "from attnlib.backends import triton_backward as b, triton_flash as f\n"
+        "lists = {'fwd': f.FWD_TILES, 'dkdv': b.DKDV_TILES, 'dq': b.DQ_TILES}\n"
+        "print(json.dumps({k: ['%dx%d w%d s%d' % (c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'], c.num_warps,"
+        " c.num_stages) for c in f.usable_configs(t, 128, tensor_cores=True)] for k, t in lists.items()}))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, check=True).stdout
+    offered = json.loads(out.strip().splitlines()[-1])
+    for tile in tiles:
+        for part in tile.split("; "):
+            kernel, shape = part.split(" ", 1)
+            assert shape in offered[kernel], f"{kernel} {shape} is no longer offered at d=128: re-run the sweep"

@@ -70,6 +70,7 @@ def test_only_pickable_half_precision_or_any_tiles_without_a_mask_must_be_clean(
     assert not _result(pickable=False, **spill).fails  # not offered: reported only
     assert not _result(dtype="fp32-tf32", **spill).fails  # a TF32 tensor-core tile: reported
     assert _result(dtype="fp64", kind="any", **spill).fails  # what exact fp32/fp64 get
+    assert _result(dtype="fp32-ieee", kind="fp32", **spill).fails
     assert not _result(mask_kind=sm90.BOOL_MASK, **spill).fails
     assert _result(pickable=False, error="CompilationError: x").fails  # a failed compile always fails
 
@@ -78,3 +79,4 @@ def test_a_row_says_why_it_fails():
     assert "FAIL: spills where autotuning may pick it" in sm90.format_row(_result(spill_bytes=8))
     assert sm90.format_row(_result(registers=96)).endswith("ok")
     assert "FAILED CompilationError" in sm90.format_row(_result(error="CompilationError: bad"))
+

@@ -609,8 +609,44 @@ def test_the_benchmark_records_the_tile_each_kernel_ran_with(rng):
     q, k, v = _tensors(*(rng.standard_normal((1, 2, 20, 16)) for _ in range(3)))
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     attnlib.attention(*leaves, backend="triton").sum().backward()
-    expected = "{0}x{1} w4 s3".format(triton_flash.INTERPRETER_TILE["BLOCK_M"], triton_flash.INTERPRETER_TILE["BLOCK_N"])
-    assert bench_kernels.tiles_used("triton", "fwd+bwd") == f"fwd {expected}; dkdv {expected}; dq {expected}"
+    def label(tile, warps=4, stages=3):
+        return "{0}x{1} w{2} s{3}".format(tile["BLOCK_M"], tile["BLOCK_N"], tile.get("num_warps", warps),
+                                          tile.get("num_stages", stages))
+
+    if ON_GPU:  # 20 x 20 scores are below AUTOTUNE_MIN_SCORES: each kernel runs its fixed small-problem tile
+        small = triton_backward.SMALL_PROBLEM_TILES
+        expected = (f"fwd {label(triton_flash.SMALL_PROBLEM_TILE)}; dkdv {label(small['dkdv'])}; "
+                    f"dq {label(small['dq'])}")
+    else:  # the interpreter runs one tile everywhere
+        one = label(triton_flash.INTERPRETER_TILE)
+        expected = f"fwd {one}; dkdv {one}; dq {one}"
+    assert bench_kernels.tiles_used("triton", "fwd+bwd") == expected
     attnlib.attention(q, k, v, backend="triton-simple")
-    assert bench_kernels.tiles_used("triton-simple", "fwd") == "fwd 16x16 w1"
+    block_m, block_n, warps = triton_simple.tile_for(16)
+    assert bench_kernels.tiles_used("triton-simple", "fwd") == f"fwd {block_m}x{block_n} w{warps}"
+    assert (block_m, block_n, warps) == ((128, 64, 4) if ON_GPU else (16, 16, 1))
     assert bench_kernels.tiles_used("torch", "fwd") is None
+
+
+def test_fp32_tiles_are_offered_to_exact_fp32_but_not_to_fp64():
+    from attnlib.bench import sm90
+
+    assert triton_flash.tile_offered("fp32", tensor_cores=False, fp64=False)
+    assert not triton_flash.tile_offered("fp32", tensor_cores=False, fp64=True)
+    assert triton_flash.tile_offered("any", tensor_cores=False, fp64=True)
+    assert not triton_flash.tile_offered("tc", tensor_cores=False, fp64=False)
+    assert triton_flash.tile_offered("tc", tensor_cores=True, fp64=False)
+    with pytest.raises(ValueError, match="tile kind must be one of"):
+        triton_flash.tile_offered("fp16", tensor_cores=True, fp64=False)
+    for tiles in (triton_flash.FWD_TILES, triton_backward.DKDV_TILES, triton_backward.DQ_TILES):
+        assert {kind for _, _, kind in tiles} <= set(triton_flash.TILE_KINDS)
+        fp32 = triton_flash.usable_configs(tiles, 64, tensor_cores=False)
+        fp64 = triton_flash.usable_configs(tiles, 64, tensor_cores=False, fp64=True)
+        assert fp64 and set(map(id, fp64)) <= set(map(id, fp32))  # fp64 always keeps a tile
+    fp64_fwd = triton_flash.usable_configs(triton_flash.FWD_TILES, 64, tensor_cores=False, fp64=True)
+    assert all(c.kwargs != {"BLOCK_M": 64, "BLOCK_N": 32} for c in fp64_fwd)  # spilled under Triton 3.6
+    # the sm_90 check asks whether a case may pick a tile the same way
+    spilled = next(i for i, (c, _, kind) in enumerate(triton_flash.FWD_TILES) if kind == "fp32")
+    case = sm90.Case("fwd", spilled, "fp64", 64, False)
+    assert not sm90.is_pickable(case)
+    assert sm90.is_pickable(sm90.Case("fwd", spilled, "fp32-ieee", 64, False))

@@ -13,6 +13,8 @@
 #   fwdbwd   the same for forward + backward, from T = 1024 (presets gpu-fwdbwd-d64, gpu-fwdbwd-d128)
 #   extra    bf16 and small-T fp32 (presets gpu-bf16, gpu-fp32), a do_bench cross-check at T = 4096,
 #            and an ncu profile of the Triton forward at T = 4096
+#   recheck  after a change to the kernels' tiles: versions, the Triton and CUDA tests, the sm_90
+#            compile check with the machine's own Triton, and fwd+bwd at d = 128 again
 # --dry-run prints each command and runs the parts that need no GPU (the bench's and the checker's own
 # dry runs), so that the plan is tested on a CPU.
 set -uo pipefail
@@ -78,8 +80,18 @@ case "$STEP" in
     bench 120 gpu-fwd-d64 dobench_t4096.csv -T 4096 --timer do_bench --kernels triton,triton-simple,sdpa-flash,sdpa-cudnn
     run 150 bash -c "ncu --target-processes all -k regex:_attn_fwd --launch-skip 20 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats $PY -c 'import torch, attnlib; q, k, v = (torch.randn(4, 32, 4096, 64, device=\"cuda\", dtype=torch.float16) for _ in range(3)); [attnlib.attention(q, k, v, backend=\"triton\") for _ in range(25)]; torch.cuda.synchronize()' > $DIR/ncu_fwd_d64.txt 2>&1"
     ;;
+  recheck)
+    echo "+ versions, nvidia-smi -q -> $DIR/versions.txt" | tee -a "$LOG"
+    if [ "$DRY" = 0 ]; then
+      { "$PY" -c 'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version()); print("triton", triton.__version__); print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
+        nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE,TEMPERATURE; } > "$DIR/versions.txt" 2>&1
+    fi
+    run 200 "$PY" -m pytest tests/test_triton.py tests/test_cuda.py -q -p no:cacheprovider -n 8 -o addopts=""
+    bench 170 gpu-fwdbwd-d128 fwdbwd_d128.csv
+    run 100 "$PY" -m attnlib.bench.sm90 --required --jobs 16
+    ;;
   *)
-    echo "unknown step $STEP: check, fwd, fwdbwd or extra" >&2
+    echo "unknown step $STEP: check, fwd, fwdbwd, extra or recheck" >&2
     exit 2
     ;;
 esac

@@ -325,14 +325,20 @@ def _attn_bwd_dq(
 
 # On a GPU: tile shapes to tune among. The dK/dV programs hold a tall key tile and
 # step through short query tiles; the dQ programs the other way round. As in the
-# forward (triton_flash.FWD_TILES): (config, largest padded head dim, "tc" or "any").
+# forward (triton_flash.FWD_TILES): (config, largest padded head dim, "tc", "fp32" or "any").
+# The 16 x 32 dK/dV tile spilled 24-120 bytes in fp64 at d = 64 under Triton 3.6: "fp32".
+# The 32 x 64 dK/dV tile spills at causal d = 128 (56 bytes under Triton 3.6, 8-64 under
+# 3.9), so it stops at d = 64, although on an H200 under 3.6 it ran causal fwd+bwd at
+# B=4, H=32, d=128, T=16384 in 0.91 of SDPA-flash's time where 32 x 128 with 8 warps took
+# 1.01 (tools/gpu_dkdv_tiles.py, attnlib/data/gpu/h200/dkdv_tiles_d128.csv; no difference
+# without a mask). A per-mask head-dim limit would win that 10 % back.
 DKDV_TILES = [
     (triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=3), 128, "tc"),
     (triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=3), 64, "tc"),
     (triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2), 64, "tc"),
     (triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=2), 64, "tc"),
     (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 32, "any"),
-    (triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1), 64, "any"),
+    (triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1), 64, "fp32"),
     (triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=8, num_stages=1), 128, "any"),
 ]
 DQ_TILES = [

@@ -213,8 +213,10 @@ def _attn_fwd(
 # without spilling registers (python -m attnlib.bench.sm90 checks every one, in make test).
 # The limits follow the ptxas of Triton 3.9 (13.4), which spills in several tiles that the
 # ptxas of Triton 3.6 (12.8) compiled clean; the small 16 x 16 tiles keep exact fp32 and
-# fp64 at d = 128 free of spills:
-# (config, largest padded head dimension, "tc" for tensor-core dtypes only or "any").
+# fp64 at d = 128 free of spills. Under 3.6 (run on an H200, 2026-11-26) the 64 x 32 tile
+# with 8 warps spilled 136 bytes in fp64 at d = 64, so it is offered to exact fp32, not fp64:
+# (config, largest padded head dimension, kind): kind "tc" for tensor-core dtypes only,
+# "fp32" for those and exact fp32, "any" for every dtype, fp64 included.
 FWD_TILES = [
     (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3), 32, "tc"),
     (triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3), 64, "tc"),
@@ -225,20 +227,32 @@ FWD_TILES = [
     (triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4), 64, "tc"),
     # exact fp32 and fp64 products run on the FMA units and hold their tiles in registers
     (triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2), 64, "any"),
-    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2), 64, "any"),
+    (triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2), 64, "fp32"),
     (triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1), 128, "any"),
 ]
 CUDA_CONFIGS = [config for config, _, _ in FWD_TILES]
 
 
-def usable_configs(tiles, block_d, tensor_cores):
-    """The configs of ``tiles`` that autotuning may pick at padded head dim ``block_d``.
+TILE_KINDS = ("tc", "fp32", "any")
 
-    ``tensor_cores``: fp16, bf16 and TF32 products; exact fp32 (``"ieee"``) and
-    fp64 products get the "any" tiles, which are small enough for the FMA units.
+
+def tile_offered(kind, tensor_cores, fp64):
+    """Whether a tile of ``kind`` ("tc", "fp32" or "any") is offered to a dtype.
+
+    ``tensor_cores``: fp16, bf16 and TF32 products, which every tile is offered to.
+    Exact fp32 (``"ieee"``) products get the "fp32" and "any" tiles, which are
+    small enough for the FMA units; fp64 (``fp64=True``) only the "any" tiles.
     """
+    if kind not in TILE_KINDS:
+        raise ValueError(f"tile kind must be one of {TILE_KINDS}, got {kind!r}")
+    return tensor_cores or kind == "any" or (kind == "fp32" and not fp64)
+
+
+def usable_configs(tiles, block_d, tensor_cores, fp64=False):
+    """The configs of ``tiles`` that autotuning may pick at padded head dim ``block_d``
+    (see :func:`tile_offered` for ``tensor_cores`` and ``fp64``)."""
     return [config for config, max_d, kind in tiles
-            if block_d <= max_d and (kind == "any" or tensor_cores)]
+            if block_d <= max_d and tile_offered(kind, tensor_cores, fp64)]
 
 
 def uses_tensor_cores(acc_dtype, dot_precision):
@@ -251,7 +265,8 @@ def pruner(tiles):
     def prune(configs, named_args, **kwargs):
         arg = {**named_args, **kwargs}
         block_d = max(arg["BLOCK_DK"], arg["BLOCK_DV"])
-        kept = usable_configs(tiles, block_d, uses_tensor_cores(arg["ACC_DTYPE"], arg["DOT_PRECISION"]))
+        kept = usable_configs(tiles, block_d, uses_tensor_cores(arg["ACC_DTYPE"], arg["DOT_PRECISION"]),
+                              fp64=arg["ACC_DTYPE"] == tl.float64)
         return [c for c in configs if any(c is k for k in kept)] or configs[-1:]
     return prune
 

@@ -9,6 +9,12 @@ a page built on a machine without a GPU still plots and quotes real GPU numbers:
 - ``fwdbwd_d64``, ``fwdbwd_d128``: forward and backward together, from T=1024;
 - ``bf16``, ``fp32``, ``dobench_t4096``: other dtypes, and a cross-check of the timer.
 
+The H100 ``fwdbwd_d128`` rows mostly ran the dK/dV tile 32x64 (4 warps), which the
+library has since stopped offering at d=128 (it spills there). ``h200/`` holds a later
+re-check on an H200 (``load(name, folder=GPU_DIR / "h200")``; its README lists the
+files): the GPU tests, the sm_90 check under Triton 3.6, the same fwd+bwd sweep with
+the tiles offered now, and a dK/dV tile A/B.
+
 Every row is a row of :mod:`attnlib.bench.report` (``time_ms`` is the median of the
 timed calls). The helpers below pick rows, turn two rows into a speed ratio, count
 the tiles a causal pass skips, and read the stamp and the Nsight Compute report.

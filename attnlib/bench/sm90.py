@@ -30,7 +30,8 @@ The output ends with ``N configurations compiled for sm_90: S spill, M over
 shared memory, F failed``. The exit status is 1 when a compile fails, or when a
 configuration spills or needs more shared memory than the H100 has where it
 must not (:func:`is_required`): where autotuning may pick it for fp16 or bf16
-with no mask, and in the "any" tiles, which exact fp32 and fp64 products get.
+with no mask, and in the "fp32" and "any" tiles for each dtype they are offered to (exact
+fp32 gets both, fp64 only "any").
 Everything else is reported, not failed: the tensor-core tiles for exact fp32
 and fp64 (they would run on the FMA units), a tile beyond its head-dim limit
 (these rows show why the limits are where they are), the TF32 rows and the
@@ -94,7 +95,7 @@ class Result:
     case: Case
     tile: str  # e.g. "128x64 w8 s3 (tc, d<=128)"
     pickable: bool  # autotuning may pick it
-    kind: str  # "tc" (tensor-core dtypes only) or "any"
+    kind: str  # "tc" (tensor-core dtypes only), "fp32" (and exact fp32) or "any" (fp64 too)
     registers: int = 0
     spill_bytes: int = 0
     shared_bytes: int = 0
@@ -124,12 +125,12 @@ def is_required(case, pickable, kind):
     """Whether a spill or overflow in this configuration fails the check.
 
     It must be clean where autotuning may pick it with no mask, for fp16 and
-    bf16, and for every dtype if it is an "any" tile (exact fp32 and fp64 get
-    only those). TF32 tensor-core tiles and the boolean-mask rows are reported:
-    the tile lists hold one head-dim limit per tile for all tensor-core dtypes
-    and every mask.
+    bf16, and for every dtype it is offered to if it is an "fp32" or "any" tile
+    (exact fp32 and fp64 get only those). TF32 tensor-core tiles and the
+    boolean-mask rows are reported: the tile lists hold one head-dim limit per
+    tile for all tensor-core dtypes and every mask.
     """
-    return pickable and case.mask_kind == NO_MASK and (case.dtype in HALF_DTYPES or kind == "any")
+    return pickable and case.mask_kind == NO_MASK and (case.dtype in HALF_DTYPES or kind in ("fp32", "any"))
 
 
 def _tiles(kernel):
@@ -187,7 +188,8 @@ def is_pickable(case):
     config = _tiles(case.kernel)[case.tile_index][0]
     _, acc_dtype, precision = kernel_dtypes(case.dtype)
     usable = triton_flash.usable_configs(_tiles(case.kernel), triton_flash.padded_head_dim(case.head_dim),
-                                         triton_flash.uses_tensor_cores(acc_dtype, precision))
+                                         triton_flash.uses_tensor_cores(acc_dtype, precision),
+                                         fp64=case.dtype == "fp64")
     return any(config is c for c in usable)
 
 
