@@ -128,3 +128,24 @@ def test_causal_with_a_mask_that_drops_early_keys_names_the_empty_row(mask_rows)
         attnlib.attention(*(torch.from_numpy(a) for a in (q, k, v)), mask=torch.from_numpy(mask), causal=True)
     mask[:, 0] = True
     assert np.isfinite(attnlib.attention(q, k, v, mask=mask, causal=True)).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_the_finiteness_check_finds_one_bad_value_anywhere(bad, dtype):
+    import torch
+
+    from attnlib.validation import _all_finite
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = torch.from_numpy(rng.standard_normal((2, 3, 5, 4))).to(getattr(torch, dtype))
+        assert _all_finite(x, "torch") and _all_finite(x.requires_grad_(), "torch")
+        x = x.detach().clone()
+        x.view(-1)[rng.integers(x.numel())] = bad
+        assert not _all_finite(x, "torch")
+        assert not _all_finite(x.numpy() if dtype != "float16" else x.float().numpy(), "numpy")
+    assert _all_finite(torch.empty(0, 4), "torch") and _all_finite(torch.ones(3, dtype=torch.int64), "torch")
+    z = torch.zeros(4, dtype=torch.complex128)
+    z[2] = complex(0, bad)
+    assert not _all_finite(z, "torch")

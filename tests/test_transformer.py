@@ -256,3 +256,21 @@ def test_the_block_diagram_writes_the_shapes_of_a_real_forward_pass(mlp):
     assert "repeated 2 times" in texts
     assert any(text.get_text() == "MLP" for text in figure.axes[0].texts) is mlp
     plt.close(figure)
+
+
+def test_a_seed_gives_the_same_initial_decoder_on_any_cpu_code_path():
+    """float32 torch.randn rounds differently with and without AVX2; the Decoder's draw must not."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import torch\nfrom attnlib.learn import recipes\n"
+              "m = recipes.induction_model()\n"
+              "print(repr([float(p.double().sum()) for p in m.parameters()]))\n")
+    sums = set()
+    for capability in ("default", "avx2"):
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        sums.add(out.strip())
+    assert len(sums) == 1, sums

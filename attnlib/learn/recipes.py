@@ -91,8 +91,8 @@ def train_reversal(model, test_tokens, test_targets, recipe=REVERSAL, log=None):
 
 # Chapter 11: an induction head. Two attention-only blocks of 2 heads, RoPE, width 32, trained on
 # next-token prediction over fresh random sequences with a repeated segment (attnlib.learn.induction).
-INDUCTION = dict(d_model=32, n_heads=2, n_layers=2, positions="rope", embedding_std=0.3, steps=1200,
-                 batch_size=64, lr=3e-3, seed=0, eval_every=50, eval_sequences=256, eval_seed=1)
+INDUCTION = dict(d_model=32, n_heads=2, n_layers=2, positions="rope", embedding_std=0.3, steps=1000,
+                 batch_size=64, lr=4e-3, seed=0, eval_every=50, eval_sequences=256, eval_seed=1)
 
 
 def induction_model(recipe=INDUCTION):

@@ -69,13 +69,18 @@ from ..attention import attention, attention_weights
 from ..multi_head import merge_heads, split_heads
 from ..positions import rope, sinusoidal_positions
 from ..projections import project_qkv
+from .layers import initial_normal
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "none")
 
 
 def _normal(rows, cols, generator, std=1.0):
-    """A (rows, cols) parameter of normal entries with standard deviation ``std``, drawn in float32."""
-    return nn.Parameter(torch.randn(rows, cols, generator=generator) * std)
+    """A (rows, cols) float64 parameter of normal entries with standard deviation ``std``.
+
+    Drawn by :func:`~attnlib.learn.layers.initial_normal`, the same on every CPU
+    (float32 ``torch.randn`` is not).
+    """
+    return nn.Parameter(initial_normal((rows, cols), generator) * std)
 
 
 def _weight(d_in, d_out, generator):
@@ -263,7 +268,7 @@ class Decoder(nn.Module):
                                     for _ in range(n_layers))
         self.norm = LayerNorm(d_model)
         self.unembedding = _weight(d_model, vocab_size, generator)  # (d, V)
-        self.to(dtype)  # drawn in float32, so a seed gives the same start in any dtype
+        self.to(dtype)  # drawn in float64; a seed gives the same start in any dtype
 
     def embed(self, tokens, positions=None):
         """Token ids (B, T) -> token vectors, plus position vectors when the model adds them: (B, T, d)."""
