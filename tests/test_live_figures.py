@@ -1,0 +1,149 @@
+"""The live figures (attnlib.live): their Python side, and their page in headless Chromium.
+
+The browser tests write the figures into a page of their own, open it offline, type
+into the fields (tests/live_driver.py) and compare every number the page computes
+with the Python functions, to 1e-6, for random inputs, held-out sequences and bad input.
+"""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from attnlib import live
+from attnlib.examples import THE_CAT_SAT
+from attnlib.learn import induction, recipes
+from tools.browser import Chromium, find_chromium
+
+import live_driver
+
+LETTERS = "abcdefghijklmnopqrstuvwx"
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    """Chapter 11's decoder, trained for a few steps only (the page's arithmetic is what is tested)."""
+    recipe = dict(recipes.INDUCTION, steps=30, eval_every=30, eval_sequences=8)
+    model = recipes.induction_model(recipe)
+    recipes.train_induction(model, recipe)
+    return model
+
+
+def test_typed_scores_state_is_the_softmax_of_the_scaled_row():
+    state = live.typed_scores_state([2.0, 4.0, 6.0], 0.5)
+    e = np.exp(np.array([1.0, 2.0, 3.0]) - 3.0)
+    assert np.allclose(state["weights"], e / e.sum()) and state["sum"] == pytest.approx(1.0)
+    assert not state["saturated"] and live.typed_scores_state([0.0, 10.0], 1.0)["saturated"]
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(scores=[1.0, 2.0], tokens=["a"]), "one score per token"),
+    (dict(scores=[[1.0, 2.0]], tokens=["a", "b"]), "one row"),
+    (dict(scores=[1.0, np.nan], tokens=["a", "b"]), "finite"),
+    (dict(scores=[1.0, 2.0], tokens=["a", "b"], factor=np.inf), "finite"),
+])
+def test_typed_scores_refuses_bad_input_by_name(bad, words):
+    with pytest.raises(ValueError, match=words):
+        live.typed_scores(**bad)
+
+
+def test_pick_query_matches_attnlib_attention():
+    import attnlib
+
+    for i, token in enumerate(THE_CAT_SAT.tokens):
+        state = live.pick_query_state(THE_CAT_SAT, i)
+        out = attnlib.attention(THE_CAT_SAT.q[i:i + 1], THE_CAT_SAT.k, THE_CAT_SAT.v)
+        assert np.allclose(state["output"], out[0], atol=1e-12)
+    with pytest.raises(ValueError, match="one of the example's tokens"):
+        live.pick_query(THE_CAT_SAT, "dog")
+
+
+def test_the_exported_model_is_the_model_to_1e_8(small_model):
+    data = live.export_decoder(small_model)
+    twin = live.exported_model(data)
+    tokens = torch.randint(induction.VOCAB_SIZE, (3, 20), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.allclose(twin(tokens), small_model(tokens), atol=1e-7, rtol=0)
+    with pytest.raises(ValueError, match="attention-only decoder with RoPE"):
+        live.export_decoder(recipes.induction_model(dict(recipes.INDUCTION, positions="learned")))
+
+
+@pytest.mark.parametrize("text, words", [("ab!", "is not a token"), ("a", "at least 2"), ("y" * 3, "not a token"),
+                                         ("a" * 33, "at most 32")])
+def test_parse_letters_says_what_is_wrong(text, words):
+    with pytest.raises(ValueError, match=words):
+        live.parse_letters(text, LETTERS, 32)
+    assert live.parse_letters("A b,c  D", LETTERS, 32) == [0, 1, 2, 3]
+
+
+def test_a_figure_is_self_contained_and_deterministic(small_model):
+    for make in (lambda: live.typed_scores([1, 2, 3], "abc"), lambda: live.pick_query(THE_CAT_SAT),
+                 lambda: live.induction_live(small_model, LETTERS, "abcdabcd")):
+        first, second = make(), make()
+        assert first.html == second.html  # nbval compares the stored HTML with a fresh run
+        assert not re.search(r"\bsrc=|href=|https?://", first.html)
+    assert len(live.induction_live(small_model, LETTERS, "abcd").html) < 300_000
+
+
+def held_out_sequences():
+    """Sequences the model never trained on (another seed), as letters, and a few typed by hand."""
+    data = induction.induction_sequences(3, torch.Generator().manual_seed(1234))
+    typed = ["abcdefabcdef", "Q R S T q r s", "hello, hello"]
+    return ["".join(LETTERS[t] for t in row[:n]) for row, n in zip(data.tokens, (32, 20, 9))] + typed
+
+
+needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="no Chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory, small_model):
+    if find_chromium() is None:
+        pytest.skip("no Chromium")
+    figures = {"typed": live.typed_scores([2.0, 4.0, 6.0], ["the", "cat", "sat"], 0.5, query_token="sat"),
+               "pick": live.pick_query(THE_CAT_SAT, "cat"),
+               "induction": live.induction_live(small_model, LETTERS, "abcdabcd", head=(1, 1))}
+    path = tmp_path_factory.mktemp("live") / "figures.html"
+    path.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body>"
+                    + "".join(f.html for f in figures.values()) + "</body></html>", encoding="utf-8")
+    with Chromium() as browser:
+        tab = browser.open_page(path.as_uri(), 390, 844)
+        yield tab, figures
+        assert tab.console_errors() == []
+        tab.close()
+
+
+@needs_chromium
+def test_typed_scores_in_the_browser_agree_with_python(page):
+    tab, figures = page
+    figure = figures["typed"]
+    data = {"tokens": ["the", "cat", "sat"]}
+    assert live_driver.check_typed_scores(tab, figure.id, data, np.random.default_rng(0)) == []
+
+
+@needs_chromium
+def test_pick_query_in_the_browser_agrees_with_python(page):
+    tab, figures = page
+    assert live_driver.check_pick_query(tab, figures["pick"].id, {"tokens": list(THE_CAT_SAT.tokens)},
+                                        THE_CAT_SAT) == []
+
+
+@needs_chromium
+def test_the_decoder_in_the_browser_agrees_with_python_on_held_out_sequences(page):
+    tab, figures = page
+    figure = figures["induction"]
+    data = tab.evaluate(live_driver.FIGURES_JS, await_promise=False)
+    data = next(f["data"] for f in data if f["id"] == figure.id)
+    assert live_driver.check_induction(tab, figure.id, data, held_out_sequences()) == []
+
+
+@needs_chromium
+def test_the_controls_are_labelled_and_reachable_by_keyboard(page):
+    tab, _ = page
+    unlabelled = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select")]
+        .filter(e => !e.closest("label") || e.tabIndex < 0).length""", await_promise=False)
+    assert unlabelled == 0
+    too_wide = tab.evaluate("""[...document.querySelectorAll(".attn-live")]
+        .filter(e => e.getBoundingClientRect().width > document.documentElement.clientWidth).length""",
+                            await_promise=False)
+    assert too_wide == 0
