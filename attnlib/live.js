@@ -48,12 +48,14 @@
       return out;
     });
   };
-  // one head of causal attention: q, k, v (T, d_head) -> weights (T, T) and output (T, d_head)
-  L.causalAttention = function (q, k, v) {
+  // one head of attention: q, k, v (T, d_head) -> weights (T, T) and output (T, d_head);
+  // causal: query i sees keys 0 ... i only (attnlib.attention with causal=True)
+  L.attention = function (q, k, v, causal) {
     var scale = 1 / Math.sqrt(q[0].length);
     var weights = q.map(function (qi, i) {
-      var seen = L.softmax(k.slice(0, i + 1).map(function (kj) { return L.dot(qi, kj) * scale; }));
-      return seen.concat(new Array(q.length - i - 1).fill(0));  // the mask: no later key
+      var n = causal ? i + 1 : k.length;
+      var seen = L.softmax(k.slice(0, n).map(function (kj) { return L.dot(qi, kj) * scale; }));
+      return seen.concat(new Array(k.length - n).fill(0));  // the mask: no later key
     });
     var out = weights.map(function (w) {
       return v[0].map(function (_, c) { return w.reduce(function (a, wj, j) { return a + wj * v[j][c]; }, 0); });
@@ -79,7 +81,7 @@
       var k = L.splitHeads(L.matmul(h, b.w_k), m.n_heads);
       var v = L.splitHeads(L.matmul(h, b.w_v), m.n_heads);
       var heads = q.map(function (_, i) {
-        return L.causalAttention(L.rope(q[i], m.rope_base), L.rope(k[i], m.rope_base), v[i]);
+        return L.attention(L.rope(q[i], m.rope_base), L.rope(k[i], m.rope_base), v[i], true);
       });
       maps.push(heads.map(function (r) { return r.weights; }));
       var added = L.matmul(L.mergeHeads(heads.map(function (r) { return r.out; })), b.w_o);
@@ -87,6 +89,25 @@
     });
     var logits = L.matmul(L.layerNorm(x, m.norm.gain, m.norm.bias, m.eps), m.unembedding);
     return {maps: maps, logits: logits};
+  };
+
+  // attnlib.learn.model.AttentionPointer: embeddings plus positions, layers x + MHA(x), then
+  // the pointer head's row for one query: softmax(q_i . k_j / sqrt(d_k)) over the tokens j
+  L.pointerForward = function (m, tokens, readAt) {
+    var x = tokens.map(function (t, i) { return m.embedding[t].map(function (e, c) { return e + m.position[i][c]; }); });
+    var maps = [];
+    m.layers.forEach(function (layer) {
+      var q = L.splitHeads(L.matmul(x, layer.w_q), m.n_heads);
+      var k = L.splitHeads(L.matmul(x, layer.w_k), m.n_heads);
+      var v = L.splitHeads(L.matmul(x, layer.w_v), m.n_heads);
+      var heads = q.map(function (_, i) { return L.attention(q[i], k[i], v[i], false); });
+      maps.push(heads.map(function (r) { return r.weights; }));
+      var added = L.matmul(L.mergeHeads(heads.map(function (r) { return r.out; })), layer.w_o);
+      x = x.map(function (row, t) { return row.map(function (val, c) { return val + added[t][c]; }); });
+    });
+    var q = L.matmul([x[readAt]], m.pointer_w_q)[0], k = L.matmul(x, m.pointer_w_k);
+    var scale = 1 / Math.sqrt(q.length);
+    return {maps: maps, pointer: L.softmax(k.map(function (kj) { return L.dot(q, kj) * scale; }))};
   };
 
   // ---- the figures ----------------------------------------------------------------------
@@ -196,6 +217,38 @@
     };
     input.addEventListener("input", update);
     head.addEventListener("change", update);
+    update();
+  };
+
+  // attnlib.live.pointer_live: the trained pointer model on the sentence the reader builds
+  starters["pointer"] = function (root, data) {
+    var selects = {};
+    ["template", "animal", "place", "adjective"].forEach(function (name) { selects[name] = root.querySelector('select[data-slot="' + name + '"]'); });
+    var update = function () {
+      var words = data.templates[Number(selects.template.value)].split(" ").map(function (w) {
+        return w === "{animal}" ? selects.animal.value : w === "{place}" ? selects.place.value
+          : w === "{adjective}" ? selects.adjective.value : w;
+      });
+      var result = L.pointerForward(data.model, words.map(function (w) { return data.vocab.indexOf(w); }), data.read_at);
+      var rows = [["pointer", result.pointer]];
+      result.maps.forEach(function (heads, l) { heads.forEach(function (w, h) { rows.push(["layer " + l + ", head " + h, w[data.read_at]]); }); });
+      var html = "<tr><th scope=\"col\">row of \u201cit\u201d</th>" + words.map(function (w) { return "<th scope=\"col\">" + w + "</th>"; }).join("") + "</tr>";
+      rows.forEach(function (r) {
+        html += "<tr><th scope=\"row\">" + r[0] + "</th>" + r[1].map(function (x, j) {
+          return "<td data-role=\"" + (r[0] === "pointer" ? "pointer" : "head") + "\" data-row=\"" + r[0] + "\" data-index=\"" + j + "\" data-value=\"" + x + "\" style=\"background:" + colour(x) + "\">" + fmt(x, 2).replace(/^0/, "") + "</td>";
+        }).join("") + "</tr>";
+      });
+      root.querySelector(".attn-live-grid").innerHTML = "<table class=\"attn-matrix\">" + html + "</table>";
+      var best = result.pointer.indexOf(Math.max.apply(null, result.pointer));
+      var right = data.animal_adjectives.indexOf(selects.adjective.value) >= 0 ? selects.animal.value : selects.place.value;
+      root.querySelector('[data-role="sentence"]').textContent = words.join(" ");
+      root.querySelector('[data-role="pick"]').textContent = words[best];
+      setValue(root.querySelector('[data-role="pick-p"]'), result.pointer[best], 3);
+      root.querySelector('[data-role="verdict"]').textContent = words[best] === right
+        ? "right: \u201c" + selects.adjective.value + "\u201d describes " + right
+        : "wrong: \u201c" + selects.adjective.value + "\u201d describes " + right;
+    };
+    for (var name in selects) selects[name].addEventListener("change", update);
     update();
   };
 

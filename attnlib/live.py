@@ -179,6 +179,105 @@ def pick_query(example, token=None):
 
 
 # ---------------------------------------------------------------------------------------
+# 3. The trained pointer model, live (chapter 7)
+
+
+def _numbers(tensor, digits=9):
+    """A tensor as nested lists of floats rounded to ``digits`` significant digits (compact JSON)."""
+    return np.vectorize(lambda x: float(f"{x:.{digits}g}"))(tensor.detach().double().numpy()).tolist()
+
+
+def export_pointer(model):
+    """An :class:`attnlib.learn.model.AttentionPointer`'s weights as JSON-ready lists (9 digits)."""
+    return {"embedding": _numbers(model.embedding), "position": _numbers(model.position),
+            "layers": [{name: _numbers(getattr(layer, name)) for name in ("w_q", "w_k", "w_v", "w_o")}
+                       for layer in model.layers],
+            "pointer_w_q": _numbers(model.pointer.w_q), "pointer_w_k": _numbers(model.pointer.w_k),
+            "n_heads": model.layers[0].n_heads}
+
+
+def exported_pointer(data, read_at):
+    """An AttentionPointer holding the exported (rounded) weights: the Python twin of the page's model."""
+    import torch
+
+    from .learn.model import AttentionPointer
+
+    vocab_size, d_model = len(data["embedding"]), len(data["embedding"][0])
+    model = AttentionPointer(vocab_size, len(data["position"]), d_model, data["n_heads"], len(data["layers"]),
+                             read_at=[read_at])
+    with torch.no_grad():
+        model.embedding.copy_(torch.tensor(data["embedding"]))
+        model.position.copy_(torch.tensor(data["position"]))
+        for layer, saved in zip(model.layers, data["layers"]):
+            for name in ("w_q", "w_k", "w_v", "w_o"):
+                getattr(layer, name).copy_(torch.tensor(saved[name]))
+        model.pointer.w_q.copy_(torch.tensor(data["pointer_w_q"]))
+        model.pointer.w_k.copy_(torch.tensor(data["pointer_w_k"]))
+    return model
+
+
+def pointer_state(model, vocab, words, read_at):
+    """``{"maps": [(H, T, T) per layer], "pointer": (T,)}``: the model on one sentence (a list of words)."""
+    import torch
+
+    unknown = [w for w in words if w not in vocab]
+    if unknown:
+        raise ValueError(f"words not in the vocabulary: {unknown}")
+    tokens = torch.tensor([[vocab.index(w) for w in words]])
+    maps = model.attention_maps(tokens)
+    return {"maps": [m[0].numpy() for m in maps[:-1]], "pointer": maps[-1][0, 0, read_at].numpy()}
+
+
+def pointer_live(model, *, animal="animal", place="street", adjective="tired", template=0):
+    """Build a sentence from chapter 7's task with drop-downs; see the trained pointer model answer.
+
+    ``model``: the :class:`~attnlib.learn.model.AttentionPointer` chapter 7 trains
+    (:func:`attnlib.learn.recipes.trained_coreference_model`).
+    """
+    from .learn import coreference as task
+
+    choices = {"animal": (animal, task.ANIMALS), "place": (place, task.PLACES),
+               "adjective": (adjective, task.ANIMAL_ADJECTIVES + task.PLACE_ADJECTIVES)}
+    for name, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of the task's {name}s {list(allowed)}, got {value!r}")
+    if template not in range(len(task.TEMPLATES)):
+        raise ValueError(f"template must be 0 ... {len(task.TEMPLATES) - 1}, got {template!r}")
+    vocab = list(task.VOCAB)
+    data = {"model": export_pointer(model), "vocab": vocab, "read_at": task.IT_POSITION,
+            "templates": list(task.TEMPLATES),
+            "animal_adjectives": list(task.ANIMAL_ADJECTIVES)}
+    words = task.TEMPLATES[template].format(animal=animal, place=place, adjective=adjective).split()
+    state = pointer_state(exported_pointer(data["model"], task.IT_POSITION), vocab, words, task.IT_POSITION)
+    template_options = "".join(
+        f'<option value="{i}"{" selected" if i == template else ""}>'
+        f'{html.escape(t.replace("{animal}", "ANIMAL").replace("{place}", "PLACE").replace("{adjective}", "…"))}'
+        f"</option>" for i, t in enumerate(task.TEMPLATES))
+    controls = f'<label>sentence<select data-slot="template">{template_options}</select></label>'
+    for name, (value, allowed) in choices.items():
+        options = "".join(f'<option{" selected" if w == value else ""}>{html.escape(w)}</option>' for w in allowed)
+        controls += f'<label>{name}<select data-slot="{name}">{options}</select></label>'
+    best = int(state["pointer"].argmax())
+    body = (f'<p>“<span data-role="sentence">{html.escape(" ".join(words))}</span>”: the pointer picks '
+            f'“<span data-role="pick">{html.escape(words[best])}</span>” with weight '
+            f'{_value("pick-p", state["pointer"][best], 3)}; <span data-role="verdict"></span></p>'
+            '<div class="attn-live-grid"><p>(the page draws each head\'s row of “it” here)</p></div>')
+
+    def draw():
+        from .plotting import plot_attention
+
+        rows = np.stack([state["pointer"]] + [m[h, task.IT_POSITION] for m in state["maps"]
+                                               for h in range(m.shape[0])])
+        labels = ["pointer"] + [f"layer {i}, head {h}" for i, m in enumerate(state["maps"])
+                                for h in range(m.shape[0])]
+        ax = plot_attention(rows, labels, words, title="rows of “it”")
+        return ax.figure
+
+    return LiveFigure("pointer", "Build a sentence: the trained model points at what “it” means, live",
+                      controls, body, data, draw)
+
+
+# ---------------------------------------------------------------------------------------
 # 4. The induction head, live (chapter 11)
 
 
@@ -194,7 +293,7 @@ def export_decoder(model, digits=9):
                          f"{[block.mlp is not None for block in model.blocks]})")
 
     def numbers(tensor):
-        return np.vectorize(lambda x: float(f"{x:.{digits}g}"))(tensor.detach().double().numpy()).tolist()
+        return _numbers(tensor, digits)
 
     def norm(layer):
         return {"gain": numbers(layer.gain), "bias": numbers(layer.bias)}

@@ -116,3 +116,38 @@ def check_induction(tab, figure_id, data, sequences, heads=None):
         if words not in shown["message"] or not shown["invalid"] or shown["grid"] != last["grid"]:
             problems.append(f"bad sequence {bad!r}: {shown['message']!r}")
     return problems
+
+
+def check_pointer(tab, figure_id, data, sentences):
+    """Each (template, animal, place, adjective) picked in the drop-downs: the page against the exported model."""
+    from attnlib.learn import coreference as task
+
+    problems = []
+    twin = live.exported_pointer(data["model"], data["read_at"])
+    for template, animal, place, adjective in sentences:
+        values = {"template": str(template), "animal": animal, "place": place, "adjective": adjective}
+        for slot, value in values.items():
+            shown = set_inputs(tab, figure_id, f'select[data-slot="{slot}"]', [value], event="change")
+        words = task.TEMPLATES[template].format(animal=animal, place=place, adjective=adjective).split()
+        want = live.pointer_state(twin, data["vocab"], words, data["read_at"])
+        rows = tab.evaluate(f"""(() => {{
+            const root = document.getElementById({json.dumps(figure_id)});
+            const cells = [...root.querySelectorAll("td[data-row]")];
+            const rows = {{}};
+            cells.forEach(td => {{ (rows[td.dataset.row] = rows[td.dataset.row] || []).push(td.dataset.value); }});
+            return rows;
+        }})()""", await_promise=False)
+        expected = {"pointer": want["pointer"]}
+        for layer, maps in enumerate(want["maps"]):
+            for h in range(maps.shape[0]):
+                expected[f"layer {layer}, head {h}"] = maps[h, data["read_at"]]
+        for name, row in expected.items():
+            if name not in rows or not close(rows[name], row):
+                problems.append(f"{words}: {name} page {rows.get(name)} python {row.tolist()}")
+        pick = words[int(want["pointer"].argmax())]
+        right = task.referent(animal, place, adjective)
+        verdict = tab.evaluate(f"""document.getElementById({json.dumps(figure_id)})
+            .querySelector('[data-role="verdict"]').textContent""", await_promise=False)
+        if verdict.split(":")[0] != ("right" if pick == right else "wrong"):
+            problems.append(f"{words}: verdict {verdict!r}, model picks {pick}, answer {right}")
+    return problems

@@ -97,12 +97,35 @@ needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="no Chromium
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory, small_model):
+def small_pointer():
+    """Chapter 7's pointer model, trained for a few steps only."""
+    from attnlib.learn.coreference import make_coreference_data
+
+    recipe = dict(recipes.COREFERENCE, steps=20)
+    model = recipes.coreference_model(recipe)
+    recipes.train_coreference(make_coreference_data(), model, recipe)
+    return model
+
+
+def held_out_pointer_sentences():
+    """Random (template, animal, place, adjective) choices, the book's held-out pairs among them."""
+    from attnlib.learn import coreference as task
+
+    rng = np.random.default_rng(7)
+    adjectives = task.ANIMAL_ADJECTIVES + task.PLACE_ADJECTIVES
+    picks = [(int(rng.integers(2)), str(rng.choice(task.ANIMALS)), str(rng.choice(task.PLACES)),
+              str(rng.choice(adjectives))) for _ in range(6)]
+    return [(0, "animal", "street", "tired"), (1, "animal", "street", "wide")] + picks
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory, small_model, small_pointer):
     if find_chromium() is None:
         pytest.skip("no Chromium")
     figures = {"typed": live.typed_scores([2.0, 4.0, 6.0], ["the", "cat", "sat"], 0.5, query_token="sat"),
                "pick": live.pick_query(THE_CAT_SAT, "cat"),
-               "induction": live.induction_live(small_model, LETTERS, "abcdabcd", head=(1, 1))}
+               "induction": live.induction_live(small_model, LETTERS, "abcdabcd", head=(1, 1)),
+               "pointer": live.pointer_live(small_pointer, animal="dog", adjective="wide")}
     path = tmp_path_factory.mktemp("live") / "figures.html"
     path.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body>"
                     + "".join(f.html for f in figures.values()) + "</body></html>", encoding="utf-8")
@@ -147,3 +170,18 @@ def test_the_controls_are_labelled_and_reachable_by_keyboard(page):
         .filter(e => e.getBoundingClientRect().width > document.documentElement.clientWidth).length""",
                             await_promise=False)
     assert too_wide == 0
+
+
+@needs_chromium
+def test_the_pointer_model_in_the_browser_agrees_with_python(page):
+    tab, figures = page
+    figure = figures["pointer"]
+    data = next(f["data"] for f in tab.evaluate(live_driver.FIGURES_JS, await_promise=False) if f["id"] == figure.id)
+    assert live_driver.check_pointer(tab, figure.id, data, held_out_pointer_sentences()) == []
+
+
+def test_pointer_live_refuses_words_outside_the_task(small_pointer):
+    with pytest.raises(ValueError, match="animal must be one of"):
+        live.pointer_live(small_pointer, animal="unicorn")
+    with pytest.raises(ValueError, match="template must be"):
+        live.pointer_live(small_pointer, template=2)
