@@ -29,14 +29,15 @@ from .interactive import CSS
 
 SCRIPT = resources.files(__package__).joinpath("live.js").read_text(encoding="utf-8").rstrip("\n")
 SATURATED = 0.99  # a largest weight from here on: softmax is nearly a hard max
-INPUT_LIMIT = 1e6  # a typed score or factor beyond this is refused with a message
+INPUT_LIMIT = 1_000_000  # a typed score or factor beyond this is refused with a message
 
 
 class LiveFigure:
     """A live figure as one self-contained piece of HTML (``html``), shown by a notebook cell."""
 
-    def __init__(self, kind, title, controls, body, data, draw_static):
+    def __init__(self, kind, title, controls, body, data, draw_static, summary=""):
         self.kind, self.title = kind, title
+        self.summary = summary  # the starting input's result in one line, at the precision shown
         payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
         digest = hashlib.sha1(f"{kind}|{title}|{controls}|{body}|{payload}".encode()).hexdigest()[:12]
         self.id = f"attn-live-{kind}-{digest}"
@@ -63,11 +64,11 @@ class LiveFigure:
         return self._draw_static()
 
 
-def _value(role, x, digits, index=None, style=""):
-    """A number the script rewrites: shown rounded, its full value in ``data-value``."""
+def _value(role, x, digits, index=None):
+    """A number the script rewrites: shown rounded. The script puts the full value in ``data-value``;
+    the stored HTML holds the rounded one there too, so that it is the same on every CPU."""
     where = "" if index is None else f' data-index="{index}"'
-    return (f'<span data-role="{role}"{where} data-value="{float(x)!r}"{style}>'
-            f"{float(x):.{digits}f}</span>")
+    return f'<span data-role="{role}"{where} data-value="{float(x):.{digits}f}">{float(x):.{digits}f}</span>'
 
 
 def _softmax(row):
@@ -124,8 +125,9 @@ def typed_scores(scores, tokens, factor=1.0, *, query_token=None):
 
         return plot_softmax_temperature(scores, tokens, (float(factor),))
 
+    summary = f"weights {', '.join(f'{w:.3f}' for w in state['weights'])}; {saturation}"
     return LiveFigure("typed-scores", "Type the scores and the factor c: softmax(c \u00b7 s), live", controls,
-                      body, {"tokens": tokens, "limit": INPUT_LIMIT, "saturated": SATURATED}, draw)
+                      body, {"tokens": tokens, "limit": INPUT_LIMIT, "saturated": SATURATED}, draw, summary)
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,7 +157,7 @@ def pick_query(example, token=None):
     controls = f'<label>query token<select class="attn-live-query">{options}</select></label>'
     head = "".join(f'<th scope="col">{html.escape(t)}</th>' for t in tokens)
     scores = "".join(f"<td>{_value('score', s, 3, j)}</td>" for j, s in enumerate(state["scores"]))
-    weights = "".join(f'<td data-role="weight" data-index="{j}" data-value="{float(w)!r}">{w:.3f}</td>'
+    weights = "".join(f'<td data-role="weight" data-index="{j}" data-value="{w:.3f}">{w:.3f}</td>'
                       for j, w in enumerate(state["weights"]))
     output = "".join(f"<td>{_value('output', o, 3, c)}</td>" for c, o in enumerate(state["output"]))
     body = (f'<p>query: \u201c<span data-role="query">{html.escape(tokens[index])}</span>\u201d</p>'
@@ -174,8 +176,10 @@ def pick_query(example, token=None):
         ax.set(ylim=(0, 1), ylabel="weight", title=f"attention weights of the query \u201c{tokens[index]}\u201d")
         return fig
 
+    summary = (f"query {tokens[index]!r}: weights {', '.join(f'{w:.3f}' for w in state['weights'])}; "
+               f"output {', '.join(f'{o:.3f}' for o in state['output'])}")
     return LiveFigure("pick-query", "Pick the query: its scores, weights and output, live", controls, body,
-                      data, draw)
+                      data, draw, summary)
 
 
 # ---------------------------------------------------------------------------------------
@@ -273,8 +277,9 @@ def pointer_live(model, *, animal="animal", place="street", adjective="tired", t
         ax = plot_attention(rows, labels, words, title="rows of “it”")
         return ax.figure
 
+    summary = f"{' '.join(words)}: the pointer picks {words[best]!r} ({state['pointer'][best]:.2f})"
     return LiveFigure("pointer", "Build a sentence: the trained model points at what “it” means, live",
-                      controls, body, data, draw)
+                      controls, body, data, draw, summary)
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,5 +392,7 @@ def induction_live(model, letters, sequence, *, head=(1, 0), max_len=32):
         return plot_attention(state["maps"][layer][h], labels, title=f"layer {layer}, head {h}",
                               annotate=len(tokens) <= 12).figure
 
+    summary = (f"{sequence}: guesses {guesses}, after the last letter {letters[state['guesses'][-1]]!r} "
+               f"({state['next_p']:.2f})")
     return LiveFigure("induction", "Type letters: the trained model's heads and guesses, live", controls, body,
-                      data, draw)
+                      data, draw, summary)

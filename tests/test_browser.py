@@ -205,3 +205,41 @@ def test_the_root_page_redirects_to_the_book():
     target = re.search(r'http-equiv="refresh"\s+content="0;\s*url=([^"]+)"', text, re.IGNORECASE)
     assert target, "the root index.html should redirect to the book's first page"
     assert (BOOK / target.group(1)).is_file(), target.group(1)
+
+
+def test_the_live_figures_of_the_book_agree_with_python(browser):
+    """Each live figure of the built book, driven as a reader would, against Python on the data it carries
+    (the chapters' own trained models): random scores, every query, held-out sentences and sequences."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import live_driver
+
+    kinds, problems = set(), []
+    for page in BOOK_PAGES:
+        if "attn-live" not in page.read_text(encoding="utf-8"):
+            continue
+        tab = browser.open_page(page.as_uri(), WIDTHS["phone"], 844)
+        for figure in tab.evaluate(live_driver.FIGURES_JS, await_promise=False):
+            kind, data, fid = figure["kind"], figure["data"], figure["id"]
+            kinds.add(kind)
+            if kind == "typed-scores":
+                found = live_driver.check_typed_scores(tab, fid, data, np.random.default_rng(1))
+            elif kind == "pick-query":
+                example = SimpleNamespace(**{name: np.array(data[name]) for name in ("q", "k", "v")})
+                found = live_driver.check_pick_query(tab, fid, data, example)
+            elif kind == "pointer":
+                found = live_driver.check_pointer(tab, fid, data, [
+                    (0, "animal", "street", "tired"), (1, "animal", "street", "wide"), (0, "fox", "canal", "icy"),
+                    (1, "wolf", "hill", "sleepy"), (0, "duck", "yard", "muddy")])
+            else:
+                letters = data["letters"]
+                rng = np.random.default_rng(3)
+                pattern = "".join(rng.choice(list(letters), 9))
+                found = live_driver.check_induction(tab, fid, data, [pattern * 2, "abcabc", letters[:16] * 2])
+            problems += [f"{page.name} {kind}: {p}" for p in found]
+        problems += [f"{page.name}: console: {e}" for e in tab.console_errors()]
+        tab.close()
+    assert kinds == {"typed-scores", "pick-query", "pointer", "induction"}
+    assert problems == []

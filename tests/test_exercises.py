@@ -413,7 +413,8 @@ def _printed_before_exercises(chapter):
             for output in cell.get("outputs", []):
                 data = output.get("data", {})
                 texts.append(output.get("text") or data.get("text/plain", ""))
-                texts.append(re.sub(r"<[^>]*>", " ", data.get("text/html", "")))  # interactive figures
+                shown = re.sub(r"<(script|style)\b.*?</\1>", " ", data.get("text/html", ""), flags=re.S)
+                texts.append(re.sub(r"<[^>]*>", " ", shown))  # interactive figures, less their code and data
     return texts
 
 
