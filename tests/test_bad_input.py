@@ -149,3 +149,23 @@ def test_the_finiteness_check_finds_one_bad_value_anywhere(bad, dtype):
     z = torch.zeros(4, dtype=torch.complex128)
     z[2] = complex(0, bad)
     assert not _all_finite(z, "torch")
+
+
+def test_the_finiteness_checks_keep_nothing_alive_for_autograd():
+    """The checks of the inputs and the result run outside autograd: the torch backend saves P and the
+    scaled queries for its backward, not the output (an abs() on it inside the graph would keep it)."""
+    import torch
+
+    import attnlib
+
+    q, k, v = (torch.randn(8, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    saved = []
+
+    def pack(x):
+        saved.append(x)
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        out = attnlib.attention(q, k, v, backend="torch")
+    assert not any(x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() for x in saved)
+    assert any(x.shape == (8, 8) for x in saved)  # P is kept, so the hook did see the graph
