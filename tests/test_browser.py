@@ -130,6 +130,14 @@ def test_nothing_in_the_main_column_is_wider_than_the_column(visits, view):
     assert report["cutOff"] == [], "boxes that cut their content off without scrolling"
 
 
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_no_inline_formula_has_a_scrollbar_of_its_own(visits, view):
+    """Only display math wider than the column may scroll; a scrollbar under a short inline formula
+    (as on phones, where 96 of chapter 4's 103 had one) is noise in the middle of a sentence."""
+    report = visits(*view)
+    assert report["inlineMathScrollbars"] == [], f"{report['inlineMathScrollbarCount']} inline formulas scroll"
+
+
 @pytest.mark.parametrize("page", BOOK_PAGES, ids=lambda p: p.stem)
 def test_code_lines_of_88_characters_fit_the_column_at_1280_px(visits, page):
     assert visits(page, WIDTHS["desktop"])["code_scrolls"] == []

@@ -272,6 +272,11 @@ REPORT_JS = r"""(() => {
         if (getComputedStyle(el).display === "inline" || el.closest(".math, mjx-container")) continue;
         if (el.scrollWidth > el.clientWidth + 1) cutOff.push(describe(el));
     }
+    // Inline formulas with a scrollbar of their own: only display math wider than the column may scroll.
+    const inlineMathScrollbars = [...article.querySelectorAll('mjx-container:not([display="true"])')]
+        .filter(m => visible(m) && !screenReaderOnly(m) && scrollsX(m)
+                && (m.scrollWidth > m.clientWidth + 1 || m.offsetHeight > m.clientHeight + 1))
+        .map(describe);
     const images = [...document.images].filter(img => img.offsetParent !== null || img.closest("article"));
     const brokenImages = images.filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src);
     const mathNodes = [...article.querySelectorAll(".math, span.math, div.math")];
@@ -298,6 +303,7 @@ REPORT_JS = r"""(() => {
         mathCount: article.querySelectorAll("mjx-container").length,
         untypeset, rawMath, tooWide: tooWide.slice(0, 40), tooWideCount: tooWide.length,
         cutOff: cutOff.slice(0, 40), brokenImages, imageCount: images.length,
+        inlineMathScrollbars: inlineMathScrollbars.slice(0, 20), inlineMathScrollbarCount: inlineMathScrollbars.length,
         solutions: solutions.length, openSolutions,
         interactive: document.querySelectorAll(".attn-interactive").length,
     };
