@@ -193,6 +193,10 @@ def _numbers(tensor, digits=9):
 
 def export_pointer(model):
     """An :class:`attnlib.learn.model.AttentionPointer`'s weights as JSON-ready lists (9 digits)."""
+    from .learn.model import AttentionPointer
+
+    if not isinstance(model, AttentionPointer):
+        raise TypeError(f"model must be an attnlib.learn.model.AttentionPointer, got {type(model).__name__}")
     return {"embedding": _numbers(model.embedding), "position": _numbers(model.position),
             "layers": [{name: _numbers(getattr(layer, name)) for name in ("w_q", "w_k", "w_v", "w_o")}
                        for layer in model.layers],
@@ -292,6 +296,10 @@ def export_decoder(model, digits=9):
     Rounded to ``digits`` significant digits (about 120 kB for chapter 11's model),
     which moves the outputs by about 1e-8.
     """
+    from .learn.transformer import Decoder
+
+    if not isinstance(model, Decoder):
+        raise TypeError(f"model must be an attnlib.learn.transformer.Decoder, got {type(model).__name__}")
     if model.position_scheme != "rope" or any(block.mlp is not None for block in model.blocks):
         raise ValueError("export_decoder takes an attention-only decoder with RoPE positions "
                          f"(got positions={model.position_scheme!r}, mlp blocks: "
@@ -366,6 +374,9 @@ def induction_live(model, letters, sequence, *, head=(1, 0), max_len=32):
     """
     letters = "".join(letters)
     data = {"model": export_decoder(model), "letters": letters, "max_len": int(max_len)}
+    if len(letters) != len(data["model"]["embedding"]) or len(set(letters)) != len(letters):
+        raise ValueError(f"letters must hold one different character per token id: the model has "
+                         f"{len(data['model']['embedding'])} tokens, letters {letters!r} has {len(letters)}")
     twin = exported_model(data["model"])
     tokens = parse_letters(sequence, letters, max_len)
     state = induction_state(twin, tokens)

@@ -185,3 +185,16 @@ def test_pointer_live_refuses_words_outside_the_task(small_pointer):
         live.pointer_live(small_pointer, animal="unicorn")
     with pytest.raises(ValueError, match="template must be"):
         live.pointer_live(small_pointer, template=2)
+
+
+def test_the_model_figures_name_a_wrong_model_or_alphabet(small_model, small_pointer):
+    with pytest.raises(TypeError, match="model must be an attnlib.learn.transformer.Decoder"):
+        live.induction_live(small_pointer, LETTERS, "abab")
+    with pytest.raises(TypeError, match="model must be an attnlib.learn.model.AttentionPointer"):
+        live.pointer_live(small_model)
+    with pytest.raises(ValueError, match="one different character per token id"):
+        live.induction_live(small_model, LETTERS[:-1], "abab")
+    with pytest.raises(ValueError, match="one different character per token id"):
+        live.induction_live(small_model, "a" + LETTERS[1:-1] + "a", "abab")
+    with pytest.raises(ValueError, match="head must be"):
+        live.induction_live(small_model, LETTERS, "abab", head=(2, 0))
