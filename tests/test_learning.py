@@ -268,3 +268,22 @@ def test_the_identity_map_is_not_the_reversal_map():
     assert "every token looks at itself" in result.message
     assert check("ch7.reversal_map", lambda T: np.fliplr(np.eye(T))).passed
     assert check("ch7.reversal_map", lambda T: torch.eye(T).flip(0)).passed
+
+
+def test_loss_along_gradient_falls_with_the_slope_of_the_gradient_and_restores_the_weights():
+    import torch
+
+    from attnlib.learn import recipes
+    from attnlib.learn.coreference import make_coreference_data
+    from attnlib.learn.training import classification_loss, loss_along_gradient
+
+    data = make_coreference_data()
+    model = recipes.coreference_model()
+    tokens, targets = data.train.tokens[:32], data.train.targets[:32]
+    before = [p.detach().clone() for p in model.parameters()]
+    h = 1e-6
+    losses, norm = loss_along_gradient(model, tokens, targets, [0.0, h])
+    assert losses[0] == pytest.approx(classification_loss(model(tokens), targets).item(), rel=1e-12)
+    assert (losses[1] - losses[0]) / h == pytest.approx(-norm, rel=1e-4)  # the directional derivative
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())

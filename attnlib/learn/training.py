@@ -39,6 +39,31 @@ def training_step(model, optimizer, tokens, targets):
     return loss.item()
 
 
+def loss_along_gradient(model, tokens, targets, distances):
+    """One batch's loss with every weight moved a distance ``t`` against the gradient, for each ``t``.
+
+    The weights move along ``-g / |g|``, ``g`` the gradient of the loss over all
+    of them, so near ``t = 0`` the loss falls with slope ``-|g|``. Returns
+    ``(losses, gradient_norm)``; the model's weights are left as they were.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    classification_loss(model(tokens), targets).backward()
+    grads = [p.grad.detach().clone() for p in params]
+    norm = torch.sqrt(sum((g**2).sum() for g in grads))
+    start = [p.detach().clone() for p in params]
+    losses = []
+    with torch.no_grad():
+        for t in distances:
+            for p, p0, g in zip(params, start, grads):
+                p.copy_(p0 - float(t) * g / norm)  # t along the direction of steepest descent
+            losses.append(classification_loss(model(tokens), targets).item())
+        for p, p0 in zip(params, start):
+            p.copy_(p0)
+    model.zero_grad()
+    return losses, float(norm)
+
+
 PERTURB_ENV = "ATTNLIB_PERTURB_INITIAL_WEIGHTS"
 
 
