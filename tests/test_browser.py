@@ -247,6 +247,10 @@ def test_the_live_figures_of_the_book_agree_with_python(browser):
                 pattern = "".join(rng.choice(list(letters), 9))
                 found = live_driver.check_induction(tab, fid, data, [pattern * 2, "abcabc", letters[:16] * 2])
             problems += [f"{page.name} {kind}: {p}" for p in found]
+        wide = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select")]
+            .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
+            .map(e => e.className)""", await_promise=False)
+        problems += [f"{page.name}: a control wider than the phone: {w}" for w in wide]
         problems += [f"{page.name}: console: {e}" for e in tab.console_errors()]
         tab.close()
     assert kinds == {"typed-scores", "pick-query", "pointer", "induction"}

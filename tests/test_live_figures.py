@@ -127,7 +127,8 @@ def page(tmp_path_factory, small_model, small_pointer):
                "induction": live.induction_live(small_model, LETTERS, "abcdabcd", head=(1, 1)),
                "pointer": live.pointer_live(small_pointer, animal="dog", adjective="wide")}
     path = tmp_path_factory.mktemp("live") / "figures.html"
-    path.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body>"
+    path.write_text("<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
+                    "content='width=device-width, initial-scale=1'></head><body>"
                     + "".join(f.html for f in figures.values()) + "</body></html>", encoding="utf-8")
     with Chromium() as browser:
         tab = browser.open_page(path.as_uri(), 390, 844)
@@ -198,3 +199,12 @@ def test_the_model_figures_name_a_wrong_model_or_alphabet(small_model, small_poi
         live.induction_live(small_model, "a" + LETTERS[1:-1] + "a", "abab")
     with pytest.raises(ValueError, match="head must be"):
         live.induction_live(small_model, LETTERS, "abab", head=(2, 0))
+
+
+@needs_chromium
+def test_every_control_fits_a_phone_screen(page):
+    tab, _ = page
+    wide = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select")]
+        .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
+        .map(e => e.className + " " + Math.round(e.getBoundingClientRect().width))""", await_promise=False)
+    assert wide == []
