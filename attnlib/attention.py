@@ -18,7 +18,8 @@ from .errors import MaskError, NonFiniteError
 from .gqa import group_heads
 from .masks import causal_alignment, check_window, with_window
 from .softmax import stable_softmax
-from .validation import _all_finite, check_backend, check_mask, check_mask_gradient, check_qkv, check_scale, dtype_name
+from .validation import (all_finite, check_backend, check_mask, check_mask_gradient, check_qkv, check_scale,
+                         dtype_name)
 
 _BACKEND_MODULES = {
     "numpy": "attnlib.backends.numpy_matrix",
@@ -201,7 +202,7 @@ def check_scores_fit(what, result, dtype, kind):
     key, so the only way to get here is scores ``q . k * scale`` beyond the
     dtype's range: the softmax then computes inf - inf = NaN.
     """
-    finite = _all_finite(result, "torch" if is_tensor(result) else "numpy")
+    finite = all_finite(result, "torch" if is_tensor(result) else "numpy")
     if finite:
         return
     limit = float(torch_module().finfo(dtype).max) if kind == "torch" else float(np.finfo(dtype).max)

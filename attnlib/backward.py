@@ -31,6 +31,7 @@ from .errors import DTypeError, NonFiniteError, ShapeError
 from .gqa import check_gqa_heads, group_heads
 from .masks import causal_alignment, check_window
 from .validation import (
+    all_finite,
     check_backend,
     check_finite,
     check_float,
@@ -175,8 +176,7 @@ def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, b
 def _check_finite_grads(grads, dtype, kind):
     """Raise NonFiniteError when a gradient of finite, validated inputs holds NaN or inf."""
     for name, grad in zip(("dq", "dk", "dv"), grads):
-        finite = torch_module().isfinite(grad).all() if kind == "torch" else np.isfinite(grad).all()
-        if not bool(finite):
+        if not all_finite(grad, kind):
             raise NonFiniteError(
                 f"attention_backward got finite inputs but {name} is not finite in "
                 f"{dtype_name(dtype)}: the scores q . k * scale, or products with d_out, overflow "

@@ -18,6 +18,7 @@ numbers of the starting input, and every figure has a matplotlib
 :meth:`LiveFigure.static_figure`.
 """
 
+import functools
 import hashlib
 import html
 import json
@@ -25,7 +26,7 @@ from importlib import resources
 
 import numpy as np
 
-from .interactive import CSS
+from .interactive import CSS, _softmax
 
 SCRIPT = resources.files(__package__).joinpath("live.js").read_text(encoding="utf-8").rstrip("\n")
 SATURATED = 0.99  # a largest weight from here on: softmax is nearly a hard max
@@ -69,12 +70,6 @@ def _value(role, x, digits, index=None):
     the stored HTML holds the rounded one there too, so that it is the same on every CPU."""
     where = "" if index is None else f' data-index="{index}"'
     return f'<span data-role="{role}"{where} data-value="{float(x):.{digits}f}">{float(x):.{digits}f}</span>'
-
-
-def _softmax(row):
-    """The same steps as live.js's ``softmax``: subtract the largest, exponentiate, normalise."""
-    e = np.exp(row - row.max())
-    return e / e.sum()
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,8 +288,8 @@ def pointer_live(model, *, animal="animal", place="street", adjective="tired", t
 def export_decoder(model, digits=9):
     """An attention-only RoPE :class:`attnlib.learn.transformer.Decoder`'s weights as JSON-ready lists.
 
-    Rounded to ``digits`` significant digits (about 120 kB for chapter 11's model),
-    which moves the outputs by about 1e-8.
+    Rounded to ``digits`` significant digits (about 140 kB for chapter 11's model),
+    which moves its logits by up to a few 1e-7.
     """
     from .learn.transformer import Decoder
 
@@ -305,8 +300,7 @@ def export_decoder(model, digits=9):
                          f"(got positions={model.position_scheme!r}, mlp blocks: "
                          f"{[block.mlp is not None for block in model.blocks]})")
 
-    def numbers(tensor):
-        return _numbers(tensor, digits)
+    numbers = functools.partial(_numbers, digits=digits)
 
     def norm(layer):
         return {"gain": numbers(layer.gain), "bias": numbers(layer.bias)}

@@ -79,7 +79,7 @@ def check_float(name, x, kind):
         )
 
 
-def _all_finite(x, kind):
+def all_finite(x, kind):
     """Whether every value of ``x`` is finite.
 
     For a torch tensor this asks whether the largest magnitude is finite: ``amax``
@@ -95,7 +95,7 @@ def _all_finite(x, kind):
 
 def check_finite(name, x, kind):
     """Raise :class:`NonFiniteError` if ``x`` holds NaN or +-inf."""
-    if not _all_finite(x, kind):
+    if not all_finite(x, kind):
         raise NonFiniteError(
             f"{name} (shape {_shape(x)}) contains NaN or inf; attention would return "
             "NaN for every query that sees it"

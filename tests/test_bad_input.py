@@ -135,20 +135,20 @@ def test_causal_with_a_mask_that_drops_early_keys_names_the_empty_row(mask_rows)
 def test_the_finiteness_check_finds_one_bad_value_anywhere(bad, dtype):
     import torch
 
-    from attnlib.validation import _all_finite
+    from attnlib.validation import all_finite
 
     rng = np.random.default_rng(0)
     for _ in range(20):
         x = torch.from_numpy(rng.standard_normal((2, 3, 5, 4))).to(getattr(torch, dtype))
-        assert _all_finite(x, "torch") and _all_finite(x.requires_grad_(), "torch")
+        assert all_finite(x, "torch") and all_finite(x.requires_grad_(), "torch")
         x = x.detach().clone()
         x.view(-1)[rng.integers(x.numel())] = bad
-        assert not _all_finite(x, "torch")
-        assert not _all_finite(x.numpy() if dtype != "float16" else x.float().numpy(), "numpy")
-    assert _all_finite(torch.empty(0, 4), "torch") and _all_finite(torch.ones(3, dtype=torch.int64), "torch")
+        assert not all_finite(x, "torch")
+        assert not all_finite(x.numpy() if dtype != "float16" else x.float().numpy(), "numpy")
+    assert all_finite(torch.empty(0, 4), "torch") and all_finite(torch.ones(3, dtype=torch.int64), "torch")
     z = torch.zeros(4, dtype=torch.complex128)
     z[2] = complex(0, bad)
-    assert not _all_finite(z, "torch")
+    assert not all_finite(z, "torch")
 
 
 def test_the_finiteness_checks_keep_nothing_alive_for_autograd():
