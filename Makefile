@@ -3,7 +3,8 @@
 #   make test   install, unit tests, nbval over every notebook, strict book build, and the
 #               browser test of that build (when a Chromium is installed; skipped, and said so,
 #               when not)
-# Also: make notebooks (re-execute and tidy the chapters), make lab (open them in JupyterLab).
+# Also: make notebooks (re-execute and tidy the chapters), make reader (rewrite their plain-Markdown
+# edition in book/reader/), make lab (open that edition in JupyterLab).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +13,7 @@ STAMP  := $(VENV)/.installed
 JB     := $(BIN)/jupyter-book
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test unit nbval nbval-training strict-book browser-test instructor-book notebooks lab install clean
+.PHONY: book test unit nbval nbval-training strict-book browser-test instructor-book notebooks reader lab install clean
 
 install: $(STAMP)
 
@@ -80,13 +81,20 @@ notebooks: $(STAMP)
 	$(BIN)/python tools/execute_notebooks.py book/*.ipynb
 	$(BIN)/python tools/notebook_hygiene.py
 	$(BIN)/python tools/sync_prose.py book/*.ipynb
+	$(BIN)/python tools/reader_edition.py
 
-# The chapters in JupyterLab (installed on first use, pinned; not needed by book or test).
+# The reader's edition (book/reader/): every chapter with its MyST markup converted to plain Markdown
+# and HTML, for Colab, GitHub and JupyterLab; the built book's Colab and download buttons open it.
+reader: $(STAMP)
+	$(BIN)/python tools/reader_edition.py
+
+# The chapters' reader's edition in JupyterLab (installed on first use, pinned; not needed by book or
+# test); JupyterLab shows MyST as text, so it opens book/reader/, not book/
 # The prose shows the glued numbers there too: make notebooks writes them into the markdown.
 JUPYTERLAB := jupyterlab==4.6.6
 lab: $(STAMP)
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(JUPYTERLAB)"
-	$(BIN)/jupyter lab --notebook-dir=book
+	$(BIN)/jupyter lab --notebook-dir=book/reader
 
 clean:
 	rm -rf _build

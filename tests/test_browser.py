@@ -6,6 +6,7 @@ from disk with the network off, at 1280 px and at 390 px wide, and checked for w
 reader would trip over. The page checks themselves are in ``tools/browser.py``.
 """
 
+import html
 import os
 import re
 from pathlib import Path
@@ -255,3 +256,46 @@ def test_the_live_figures_of_the_book_agree_with_python(browser):
         tab.close()
     assert kinds == {"typed-scores", "pick-query", "pointer", "induction"}
     assert problems == []
+
+
+CHAPTER_PAGES = [p for p in BOOK_PAGES if re.match(r"\d\d_", p.name)]
+
+
+@pytest.mark.parametrize("page", CHAPTER_PAGES, ids=lambda p: p.stem)
+def test_colab_and_download_buttons_give_the_reader_edition(page):
+    """The Colab button opens book/reader/<chapter>.ipynb in the repository, and the download button gives
+    that file, copied into the build: the plain-Markdown edition, not the MyST source."""
+    import nbformat
+    import yaml
+
+    from tools.reader_edition import READER, ROOT
+
+    text = page.read_text(encoding="utf-8")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    repo = config["repository"]["url"].removeprefix("https://github.com/").rstrip("/")
+    branch = config["repository"].get("branch", "main")
+    colab = re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', text)
+    assert colab == [f"https://colab.research.google.com/github/{repo}/blob/{branch}/book/reader/"
+                     f"{page.stem}.ipynb"]
+    downloads = set(re.findall(r'href="([^"]*_sources/[^"]+\.ipynb)"', text))
+    assert downloads == {f"../_sources/book/reader/{page.stem}.ipynb"}
+    built = nbformat.read(page.parent / downloads.pop(), as_version=4)
+    assert built == nbformat.read(READER / f"{page.stem}.ipynb", as_version=4)
+
+
+def test_exercise_and_equation_numbers_of_the_reader_edition_are_the_books():
+    """The reader's edition numbers exercises and equations itself; they must be the built book's."""
+    import nbformat
+
+    from tools.reader_edition import READER
+
+    for page in CHAPTER_PAGES:
+        text = page.read_text(encoding="utf-8")
+        built_exercises = re.findall(r'caption-number">Exercise ([\d.]+) </span> \(([^<]+)\)</p>', text)
+        built_equations = re.findall(r'<span class="eqno">\((\d+)\)', text)
+        cells = nbformat.read(READER / f"{page.stem}.ipynb", as_version=4).cells
+        markdown = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+        mine = re.findall(r"^#### Exercise ([\d.]+) \((.+)\)$", markdown, re.M)
+        smart = str.maketrans({"\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "--"})
+        assert [(n, html.unescape(t).translate(smart)) for n, t in built_exercises] == mine, page.name
+        assert built_equations == re.findall(r"\\tag\{(\d+)\}", markdown), page.name

@@ -1,0 +1,235 @@
+"""The reader's edition (book/reader/): the chapters as Colab, GitHub and Jupyter render them.
+
+Those front ends render a markdown cell as CommonMark with raw HTML, with math taken out
+first and typeset by MathJax. ``render`` does the same with markdown-it-py, and the
+detectors below count the MyST that would show as text: directive fences, roles,
+equation labels, directive options and targets. The chapters in book/ are full of it
+(the detectors must find it there); their reader's edition must show none, with every
+solution collapsed and every exercise still answerable.
+"""
+
+import json
+import re
+
+import nbformat
+import pytest
+from markdown_it import MarkdownIt
+
+from tools import reader_edition
+from tools.reader_edition import READER, chapters
+
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
+LEAKS = {
+    "directive fence": re.compile(r'class="language-\{|:{3,}\{[\w-]+\}'),
+    "role": re.compile(r"\{[\w:-]+\}<code>"),
+    "equation label": re.compile(r"MATHBLOCK\s*\([\w:-]+\)"),
+    "directive option": re.compile(r"(?:^|>|\n):(?:label|class|open|name|nowrap|all):"),
+    "target": re.compile(r"\([\w-]+\)="),
+}
+_renderer = MarkdownIt("commonmark", {"html": True}).enable("table")
+
+
+def render(markdown):
+    """HTML as Colab/GitHub/Jupyter show a markdown cell (math masked, as they mask it)."""
+    masked = MATH.sub(lambda m: "MATHBLOCK" if m.group(0).startswith("$$") else "MATH", markdown)
+    return _renderer.render(masked)
+
+
+def leaks(nb):
+    counts = dict.fromkeys(LEAKS, 0)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            html = render(cell.source)
+            for name, pattern in LEAKS.items():
+                counts[name] += len(pattern.findall(html))
+    return counts
+
+
+def read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def edition(path):
+    return READER / path.name
+
+
+CHAPTERS = chapters()
+
+
+def test_every_chapter_has_a_reader_edition_and_nothing_else_is_there():
+    assert len(CHAPTERS) >= 13
+    assert sorted(p.name for p in READER.glob("*.ipynb")) == sorted(p.name for p in CHAPTERS)
+
+
+def test_the_reader_edition_is_up_to_date():
+    stale = [
+        path.name
+        for path, nb in reader_edition.convert_all().items()
+        if not path.exists() or path.read_text() != reader_edition.text_of(nb)
+    ]
+    assert not stale, f"stale reader's edition {stale}: run make reader"
+
+
+def test_the_detectors_find_the_myst_of_the_book_chapters():
+    total = dict.fromkeys(LEAKS, 0)
+    for path in CHAPTERS:
+        for name, count in leaks(read(path)).items():
+            total[name] += count
+    assert total["directive fence"] >= 190, total
+    assert total["role"] >= 70, total
+    assert total["equation label"] >= 30, total
+    assert total["directive option"] >= 76, total
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_myst_shows_as_text_in_the_reader_edition(path):
+    counts = leaks(read(edition(path)))
+    assert not any(counts.values()), counts
+    for cell in read(edition(path)).cells:
+        if cell.cell_type == "markdown":
+            assert "prose_template" not in cell.metadata
+            assert not re.search(r"\{(cite|eq|glue|ref|numref|doc)[\w:-]*\}`", cell.source)
+
+
+def _solution_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "markdown" and "Solution to Exercise" in c.source]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_solution_is_collapsed_and_no_solution_code_runs(path):
+    source = read(path)
+    starts = sum(c.source.count("{solution-start}") for c in source.cells if c.cell_type == "markdown")
+    solutions = _solution_cells(read(edition(path)))
+    assert len(solutions) == starts
+    for cell in solutions:
+        html = render(cell.source)
+        assert html.startswith("<details>\n<summary>"), html[:80]
+        assert html.rstrip().endswith("</details>")
+        assert "<details open" not in html
+    # the solutions' code is shown inside the collapsed cell, never as a code cell
+    code = {c.source.strip() for c in read(edition(path)).cells if c.cell_type == "code"}
+    inside, depth = [], 0
+    for cell in source.cells:
+        text = cell.source if cell.cell_type == "markdown" else ""
+        depth += text.count("{solution-start}")
+        if depth and cell.cell_type == "code":
+            inside.append(cell.source.strip())
+        depth -= text.count("{solution-end}")
+    assert len(inside) >= starts
+    for solution_code in inside:
+        assert solution_code not in code
+        assert any(solution_code in c.source for c in solutions)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_exercise_keeps_its_heading_and_its_cell_to_answer(path):
+    source_checks = [
+        c.source for c in read(path).cells if c.cell_type == "code" and "exercises.check(" in c.source
+    ]
+    cells = read(edition(path)).cells
+    headings = [c.source for c in cells if c.cell_type == "markdown" and c.source.startswith("#### Exercise")]
+    chapter = int(path.name[:2])
+    assert headings == [
+        h for h in headings if re.match(rf"#### Exercise {chapter}\.\d+ \(.+\)$", h.split("\n")[0])
+    ]
+    assert [int(h.split()[2].split(".")[1]) for h in headings] == list(range(1, len(headings) + 1))
+    answer_cells = [c for c in cells if c.cell_type == "code" and "exercises.check(" in c.source]
+    assert len(answer_cells) == len(headings) == len(source_checks) // 2
+    # in order: the heading, the cell to answer in, then the collapsed solution
+    kinds = [
+        "h" if c.cell_type == "markdown" and c.source.startswith("#### Exercise")
+        else "a" if c.cell_type == "code" and "exercises.check(" in c.source
+        else "s" if c.cell_type == "markdown" and "Solution to Exercise" in c.source
+        else "" for c in cells
+    ]
+    assert "".join(kinds) == "has" * len(headings)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_code_cells_and_outputs_are_the_chapters_own(path):
+    source = [c for c in read(path).cells if c.cell_type == "code"]
+    reader = [c for c in read(edition(path)).cells if c.cell_type == "code"]
+    by_id = {c.id: c for c in source}
+    assert len(reader) > 0
+    for cell in reader:
+        original = by_id[cell.id]
+        assert cell.source == original.source
+        assert cell.outputs == original.outputs
+        hidden = set(original.metadata.get("tags", [])) & reader_edition.HIDDEN_TAGS
+        assert bool(cell.metadata.get("jupyter", {}).get("source_hidden")) == bool(hidden)
+    assert read(edition(path)).metadata[reader_edition.SOURCE_KEY] == f"book/{path.name}"
+
+
+def test_equations_are_numbered_as_in_the_book_and_references_match():
+    numbers = reader_edition.Numbers(CHAPTERS)
+    assert len(numbers.equations) >= 30
+    assert sorted(numbers.equations.values()) == list(range(1, len(numbers.equations) + 1))
+    ch10 = "\n".join(c.source for c in read(edition(CHAPTERS[10])).cells if c.cell_type == "markdown")
+    number = numbers.equations["eq-ch10-forward"]
+    assert f"\\tag{{{number}}}" in ch10
+    assert f"({number}) from the end back to the start" in ch10
+
+
+def test_citations_name_the_work_and_each_chapter_lists_its_references():
+    cells = read(edition(CHAPTERS[4])).cells
+    text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    assert "[Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)" in text
+    assert cells[-1].source.startswith("## References")
+    assert "Łukasz Kaiser" in cells[-1].source and "{\\L}" not in cells[-1].source
+
+
+# -- the converter on made-up input --------------------------------------------------------
+
+def _converter():
+    return reader_edition.Converter(reader_edition.Numbers(CHAPTERS), reader_edition.Bibliography())
+
+
+def test_a_dropdown_with_code_inside_becomes_a_collapsed_block():
+    out = _converter().markdown(
+        ":::{dropdown} Deep dive: `x < y`\n:open:\nSome $a_i$ text.\n\n```python\nprint(1)\n```\n:::\n"
+    )
+    html = render(out)
+    assert html.startswith("<details>\n<summary><b>Deep dive: <code>x &lt; y</code></b></summary>")
+    assert '<code class="language-python">print(1)' in html
+    assert not any(p.findall(html) for p in LEAKS.values())
+
+
+def test_two_keys_in_one_citation_and_a_textual_citation():
+    converter = _converter()
+    out = converter.markdown("See {cite:p}`vaswani2017attention, dao2023flashattention2` and {cite:t}`dao2023flashattention2`.")
+    assert out.count("](https://arxiv.org/abs/") == 3
+    assert "(2024)](" in out and "; [Dao, 2024]" in out
+    assert converter.cited == ["vaswani2017attention", "dao2023flashattention2"]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("```{admonition} New\nbody\n```", "unknown MyST directive {admonition}"),
+        ("see {numref}`fig-x`", "unknown MyST role {numref}"),
+        ("{eq}`eq-nowhere`", "eq-nowhere"),
+        ("{cite:p}`nobody2099`", "nobody2099"),
+    ],
+)
+def test_markup_it_cannot_convert_stops_it_with_the_name(text, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        _converter().markdown(text)
+
+
+def test_a_later_cell_that_needs_a_solution_stops_it(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("```{exercise-start} Make it\n:label: ch4-softmax-weight\n```\nDo it."),
+        nbformat.v4.new_code_cell("answer = ...\nresult = attnlib.exercises.check('x', answer)"),
+        nbformat.v4.new_markdown_cell("```{exercise-end}\n```"),
+        nbformat.v4.new_markdown_cell("```{solution-start} ch4-softmax-weight\n:class: dropdown\n```"),
+        nbformat.v4.new_code_cell("helper = 3\nanswer = helper"),
+        nbformat.v4.new_markdown_cell("```{solution-end}\n```"),
+        nbformat.v4.new_code_cell("print(helper + 1)"),
+    ]
+    path = tmp_path / "04_made_up.ipynb"
+    nbformat.write(nb, path)
+    converted = _converter().notebook(path)
+    assert json.dumps(converted).count("Solution to Exercise 4.1 (One softmax weight)") == 1
+    with pytest.raises(ValueError, match=r"\['helper'\].*only a solution defines"):
+        reader_edition.check_edition(converted, path)

@@ -1,0 +1,431 @@
+"""Write the reader's edition: every chapter with its MyST markup turned into plain Markdown.
+
+Usage: python tools/reader_edition.py [--check]   (``make reader``; ``make notebooks`` runs it)
+
+The chapters in ``book/`` are written for Jupyter Book: drop-downs, exercises and
+solutions are MyST directives, citations and equation references are roles, and
+equations carry labels. Colab, GitHub and a plain JupyterLab render Markdown as
+CommonMark with HTML, where all of that shows as text and every solution sits open.
+This script writes ``book/reader/NN_name.ipynb`` for every chapter, the same cells and
+outputs with the Markdown converted:
+
+- a drop-down becomes ``<details><summary>title</summary> ... </details>``;
+- an exercise's fences become a heading "Exercise 4.1 (title)", numbered as in the book,
+  and its answer cell stays a code cell to fill in;
+- a solution (its fences and every cell between them, code with its printed output)
+  becomes one collapsed ``<details>`` cell "Solution to Exercise 4.1 (title)";
+- ``{cite:p}`` / ``{cite:t}`` / ``{cite}`` become author-year citations linked to the
+  work, listed under "References" at the end of the chapter;
+- a labelled equation gets its book number as ``\\tag{N}`` and ``{eq}`` becomes "(N)";
+- ``(target)=`` lines go; cells the book hides keep their code, folded in JupyterLab.
+
+An unknown directive or role stops the script with its name, so new markup cannot leak
+silently. A name that only a solution defines and a later cell uses would break the
+edition (its solutions do not run), so that stops the script too.
+The Colab and download buttons of the built book open these files
+(``attnlib/sphinx_reader.py``); ``tests/test_reader_edition.py`` checks they are up to
+date and renders them with a CommonMark renderer to count leaked markup.
+"""
+
+import argparse
+import ast
+import codecs
+import copy
+import html
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+from markdown_it import MarkdownIt
+from mdit_py_plugins.colon_fence import colon_fence_plugin
+from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+READER = BOOK / "reader"
+SOURCE_KEY = "reader_edition_of"
+
+DIRECTIVE = re.compile(r"^\{([\w:-]+)\}\s*(.*)$")
+ROLE = re.compile(r"\{([\w:-]+)\}`([^`]*)`")
+TARGET = re.compile(r"^\([\w-]+\)=[ \t]*\n?", re.M)
+OPTION = re.compile(r"^:([\w-]+):[ \t]*(.*)$")
+HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+
+_markdown = MarkdownIt("commonmark").use(colon_fence_plugin).use(dollarmath_plugin, allow_labels=True)
+
+
+def chapters():
+    """The chapters in the book's order (``_toc.yml``)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [ROOT / (entry["file"] + ".ipynb") for entry in toc["chapters"]]
+    return [path for path in files if path.exists()]
+
+
+def _plain(text):
+    """A BibTeX field as plain text: LaTeX accents decoded, braces dropped."""
+    import latexcodec  # noqa: F401  (registers the "ulatex" codec; a pybtex dependency)
+
+    return codecs.decode(text, "ulatex").replace("{", "").replace("}", "")
+
+
+class Bibliography:
+    """Author-year citations and reference lines from ``references.bib``."""
+
+    def __init__(self, path=ROOT / "references.bib"):
+        from pybtex.database import parse_file
+
+        self.entries = parse_file(str(path)).entries
+
+    def _entry(self, key):
+        if key not in self.entries:
+            raise ValueError(f"citation key {key!r} is not in references.bib")
+        return self.entries[key]
+
+    def short(self, key):
+        """``("Vaswani et al.", "2017")`` for one key."""
+        entry = self._entry(key)
+        people = entry.persons.get("author") or entry.persons.get("editor") or []
+        last = [_plain(" ".join(p.last_names)) for p in people]
+        if not last:
+            names = _plain(entry.fields.get("organization", entry.fields.get("title", key)))
+        elif len(last) == 1:
+            names = last[0]
+        elif len(last) == 2:
+            names = f"{last[0]} and {last[1]}"
+        else:
+            names = f"{last[0]} et al."
+        return names, entry.fields.get("year", "n.d.")
+
+    def link(self, key):
+        fields = self._entry(key).fields
+        if "url" in fields:
+            return fields["url"]
+        if "doi" in fields:
+            return f"https://doi.org/{fields['doi']}"
+        return None
+
+    def cite(self, keys, textual):
+        parts = []
+        for key in keys:
+            names, year = self.short(key)
+            text = f"{names} ({year})" if textual else f"{names}, {year}"
+            url = self.link(key)
+            parts.append(f"[{text}]({url})" if url else text)
+        return "; ".join(parts) if textual else "(" + "; ".join(parts) + ")"
+
+    def reference(self, key):
+        """One line for the chapter's reference list."""
+        entry = self._entry(key)
+        people = entry.persons.get("author") or []
+        authors = ", ".join(
+            _plain(" ".join(p.first_names + p.middle_names + p.prelast_names + p.last_names))
+            for p in people
+        )
+        fields = {k: _plain(v) for k, v in entry.fields.items()}
+        venue = fields.get("booktitle") or fields.get("journal") or fields.get("publisher") or ""
+        venue = venue or fields.get("institution", "") or fields.get("howpublished", "")
+        pieces = [authors, f"*{fields.get('title', key)}*", venue, fields.get("year", "")]
+        line = ". ".join(piece.strip().rstrip(".") for piece in pieces if piece.strip()) + "."
+        url = self.link(key)
+        return f"{line} <{url}>" if url else line
+
+
+class Numbers:
+    """The book's numbers: equations across all chapters in order, exercises per chapter."""
+
+    def __init__(self, paths):
+        self.equations = {}
+        self.exercises = {}
+        for path in paths:
+            chapter = int(path.name[:2])
+            count = 0
+            for cell in nbformat.read(path, as_version=4).cells:
+                if cell.cell_type != "markdown":
+                    continue
+                for token in _tokens(cell.source):
+                    if token.type == "math_block_label":
+                        self.equations[token.info] = len(self.equations) + 1
+                    if token.type in ("fence", "colon_fence") and token.info.startswith("{exercise"):
+                        name, title = DIRECTIVE.match(token.info).groups()
+                        if name in ("exercise", "exercise-start"):
+                            count += 1
+                            label = _options(token.content)[0].get("label", f"{path.stem}-{count}")
+                            self.exercises[label] = (f"{chapter}.{count}", title.strip())
+
+    def equation(self, label):
+        if label not in self.equations:
+            raise ValueError(f"{{eq}} refers to {label!r}, which no equation is labelled")
+        return self.equations[label]
+
+    def exercise(self, label):
+        if label not in self.exercises:
+            raise ValueError(f"a solution refers to exercise {label!r}, which is not in the book")
+        return self.exercises[label]
+
+
+def _tokens(text):
+    """Block tokens of MyST ``text`` in order, with the contents of directives parsed too."""
+    for token in _markdown.parse(text):
+        yield token
+        if token.type in ("fence", "colon_fence") and token.info.startswith("{dropdown"):
+            yield from _tokens(_options(token.content)[1])
+
+
+def _options(content):
+    """Split a directive's leading ``:key: value`` lines from its body."""
+    options, lines = {}, content.split("\n")
+    while lines and OPTION.match(lines[0]):
+        key, value = OPTION.match(lines[0]).groups()
+        options[key] = value.strip()
+        lines.pop(0)
+    return options, "\n".join(lines).strip("\n")
+
+
+def _inline_html(text):
+    """A title for ``<summary>``: HTML-escaped, with inline code as ``<code>``."""
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(
+        f"<code>{html.escape(p[1:-1])}</code>" if p.startswith("`") else html.escape(p, quote=False)
+        for p in parts
+    )
+
+
+def details(title, body):
+    """A collapsed block: renders in GitHub, Colab and Jupyter, closed until clicked."""
+    return f"<details>\n<summary><b>{_inline_html(title)}</b></summary>\n\n{body.strip()}\n\n</details>"
+
+
+class Converter:
+    def __init__(self, numbers, bibliography):
+        self.numbers = numbers
+        self.bibliography = bibliography
+        self.cited = []
+
+    # -- text -----------------------------------------------------------------------------
+    def roles(self, text):
+        def replace(match):
+            name, target = match.groups()
+            if name in ("cite:p", "cite", "cite:t"):
+                keys = [key.strip() for key in target.split(",") if key.strip()]
+                self.cited += [key for key in keys if key not in self.cited]
+                return self.bibliography.cite(keys, textual=name == "cite:t")
+            if name == "eq":
+                return f"({self.numbers.equation(target)})"
+            raise ValueError(f"unknown MyST role {{{name}}} (in {match.group(0)!r})")
+
+        return ROLE.sub(replace, text)
+
+    def markdown(self, text, gates=None):
+        """Plain Markdown for MyST ``text``. Gate fences (exercise/solution) are returned
+        in ``gates`` as ``(name, argument, options)`` with a placeholder line left in the text."""
+        lines = text.split("\n")
+        tokens = [t for t in _markdown.parse(text) if t.map is not None]
+        replacements = []
+        for token in tokens:
+            if token.type == "math_block_label":
+                body = token.content.strip("\n")
+                number = self.numbers.equation(token.info)
+                replacements.append((token.map, f"$$\n{body}\n\\tag{{{number}}}\n$$"))
+            elif token.type in ("fence", "colon_fence") and token.info.startswith("{"):
+                match = DIRECTIVE.match(token.info)
+                if not match:
+                    raise ValueError(f"cannot read the directive line {token.info!r}")
+                replacements.append((token.map, self.directive(*match.groups(), token.content, gates)))
+        for (start, end), new in sorted(replacements, reverse=True):
+            lines[start:end] = new.split("\n") if new is not None else []
+        out = TARGET.sub("", "\n".join(lines))
+        out = self.roles(out)
+        return re.sub(r"\n{3,}", "\n\n", out).strip("\n")
+
+    def directive(self, name, argument, content, gates):
+        options, body = _options(content)
+        if name == "dropdown":
+            return details(argument, self.markdown(body))
+        if name in ("exercise-start", "exercise-end", "solution-start", "solution-end"):
+            if gates is None:
+                raise ValueError(f"{{{name}}} inside another directive cannot be converted")
+            gates.append((name, argument.strip(), options))
+            return f"\x00GATE{len(gates) - 1}\x00"
+        raise ValueError(f"unknown MyST directive {{{name}}} (argument {argument!r})")
+
+    # -- cells ----------------------------------------------------------------------------
+    def code_as_markdown(self, cell):
+        parts = [f"```python\n{cell.source.strip()}\n```"]
+        for output in cell.get("outputs", []):
+            text = None
+            if output.output_type == "stream":
+                text = output.text
+            elif output.output_type in ("execute_result", "display_data"):
+                text = output.get("data", {}).get("text/plain")
+            if text and text.strip():
+                parts.append(f"```text\n{text.strip()}\n```")
+        return "\n\n".join(parts)
+
+    def notebook(self, source_path):
+        nb = nbformat.read(source_path, as_version=4)
+        self.cited = []
+        cells, solution = [], None
+        for cell in nb.cells:
+            if cell.cell_type != "markdown":
+                if solution is not None:
+                    solution["parts"].append(self.code_as_markdown(cell))
+                    solution["names"] |= _assigned(cell.source) if cell.cell_type == "code" else set()
+                    continue
+                cell = copy.deepcopy(cell)
+                tags = set(cell.metadata.get("tags", []))
+                if cell.cell_type == "code" and tags & HIDDEN_TAGS:
+                    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+                cells.append(cell)
+                continue
+            gates = []
+            text = self.markdown(cell.source, gates)
+            pieces = re.split(r"\x00GATE(\d+)\x00", text)
+            for i, piece in enumerate(pieces):
+                if i % 2 == 0:
+                    if not piece.strip():
+                        continue
+                    if solution is not None:
+                        solution["parts"].append(piece.strip())
+                    else:
+                        cells.append(_markdown_cell(piece.strip(), cell))
+                    continue
+                name, argument, options = gates[int(piece)]
+                if name == "exercise-start":
+                    number, title = self.numbers.exercise(options.get("label", ""))
+                    cells.append(_markdown_cell(f"#### Exercise {number} ({title})", cell))
+                elif name == "solution-start":
+                    number, title = self.numbers.exercise(argument)
+                    solution = {"title": f"Solution to Exercise {number} ({title})", "parts": [],
+                                "names": set(), "cell": cell}
+                elif name == "solution-end":
+                    if solution is None:
+                        raise ValueError(f"{source_path.name}: solution-end without solution-start")
+                    body = "\n\n".join(solution["parts"])
+                    cells.append(_markdown_cell(details(solution["title"], body), solution["cell"]))
+                    _check_uses(cells, solution["names"], source_path)
+                    solution = None
+        if solution is not None:
+            raise ValueError(f"{source_path.name}: a solution is never closed")
+        _merge_headings(cells)
+        if self.cited:
+            lines = "\n".join(f"- {self.bibliography.reference(key)}" for key in self.cited)
+            cells.append(nbformat.v4.new_markdown_cell(f"## References\n\n{lines}", id="references"))
+        out = copy.deepcopy(nb)
+        out.cells = cells
+        path = Path(source_path).resolve()
+        out.metadata[SOURCE_KEY] = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        return out
+
+
+def _markdown_cell(text, like):
+    cell = nbformat.v4.new_markdown_cell(text)
+    cell.id = like.get("id", cell.id)
+    return cell
+
+
+def _merge_headings(cells):
+    """Give split pieces of one source cell distinct ids (the first keeps the source's)."""
+    seen = {}
+    for cell in cells:
+        base = cell.get("id")
+        if base in seen:
+            seen[base] += 1
+            cell.id = f"{base}-{seen[base]}"[:64]
+        else:
+            seen[base] = 0
+
+
+def _code(source):
+    lines = [line for line in source.split("\n") if not line.lstrip().startswith(("%", "!"))]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _assigned(source):
+    tree = _code(source)
+    names = set()
+    for node in ast.walk(tree) if tree else []:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _loaded(source):
+    tree = _code(source)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} if tree else set()
+
+
+def _check_uses(cells, names, path):
+    """Record names only a solution defines; ``check_edition`` fails if a later cell reads one."""
+    defined = set()
+    for cell in cells:
+        if cell.cell_type == "code":
+            defined |= _assigned(cell.source)
+    cells[-1].metadata["solution_only_names"] = sorted(names - defined)
+
+
+def check_edition(nb, path):
+    """Raise if a code cell reads a name that only an earlier solution (not run here) defined."""
+    pending = set()
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            pending |= set(cell.metadata.pop("solution_only_names", []))
+            continue
+        if cell.cell_type != "code":
+            continue
+        used = (_loaded(cell.source) - _assigned(cell.source)) & pending
+        if used:
+            raise ValueError(
+                f"{path.name}: a cell uses {sorted(used)}, which only a solution defines; "
+                "in the reader's edition solutions do not run"
+            )
+        pending -= _assigned(cell.source)
+
+
+def convert_all(paths=None):
+    """``{output path: notebook}`` for every chapter."""
+    paths = paths or chapters()
+    converter = Converter(Numbers(chapters()), Bibliography())
+    editions = {}
+    for path in paths:
+        nb = converter.notebook(path)
+        check_edition(nb, path)
+        editions[READER / path.name] = nb
+    return editions
+
+
+def text_of(nb):
+    return nbformat.writes(nb) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if an edition is stale")
+    args = parser.parse_args(argv)
+    READER.mkdir(exist_ok=True)
+    stale = []
+    for path, nb in convert_all().items():
+        text = text_of(nb)
+        if not path.exists() or path.read_text() != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(text)
+    if args.check and stale:
+        print("stale reader's edition: " + ", ".join(map(str, stale)) + " (run make reader)")
+        return 1
+    print(f"{'checked' if args.check else 'wrote'} {len(chapters())} notebooks in {READER.relative_to(ROOT)}"
+          + (f"; {len(stale)} changed" if stale and not args.check else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
