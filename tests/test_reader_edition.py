@@ -233,3 +233,40 @@ def test_a_later_cell_that_needs_a_solution_stops_it(tmp_path):
     assert json.dumps(converted).count("Solution to Exercise 4.1 (One softmax weight)") == 1
     with pytest.raises(ValueError, match=r"\['helper'\].*only a solution defines"):
         reader_edition.check_edition(converted, path)
+
+
+def test_the_sphinx_extension_points_colab_and_download_at_the_edition(tmp_path):
+    """A two-page Sphinx book: the page with a reader's edition gets Colab and download links to it (and
+    the file in the build); the page without one keeps the theme's links to its own source."""
+    from sphinx.cmd.build import build_main
+
+    src = tmp_path / "src"
+    (src / "book" / "reader").mkdir(parents=True)
+    (src / "conf.py").write_text(
+        'extensions = ["myst_nb", "attnlib.sphinx_reader"]\n'
+        'html_theme = "sphinx_book_theme"\n'
+        'nb_execution_mode = "off"\n'
+        'exclude_patterns = ["book/reader"]\n'
+        "html_theme_options = {\n"
+        '    "repository_url": "https://github.com/someone/somebook", "repository_branch": "main",\n'
+        '    "path_to_docs": "", "use_download_button": True,\n'
+        '    "launch_buttons": {"colab_url": "https://colab.research.google.com"},\n'
+        "}\n"
+    )
+    (src / "index.md").write_text("# Book\n\n```{toctree}\nbook/01_with\nbook/02_without\n```\n")
+    for name, text in [("book/01_with", "# With"), ("book/02_without", "# Without"),
+                       ("book/reader/01_with", "# With, plain")]:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, src / f"{name}.ipynb")
+    out = tmp_path / "html"
+    assert build_main(["-b", "html", "-q", "-E", str(src), str(out)]) == 0
+    blob = "https://colab.research.google.com/github/someone/somebook/blob/main/"
+    page = (out / "book" / "01_with.html").read_text()
+    assert f'href="{blob}book/reader/01_with.ipynb"' in page
+    assert 'href="../_sources/book/reader/01_with.ipynb"' in page
+    copied = nbformat.read(out / "_sources" / "book" / "reader" / "01_with.ipynb", as_version=4)
+    assert copied.cells[0].source == "# With, plain"
+    other = (out / "book" / "02_without.html").read_text()
+    assert f'href="{blob}book/02_without.ipynb"' in other
+    assert "reader/" not in other
