@@ -44,8 +44,8 @@ split_heads_exercise = FunctionExercise(
     kind="implement",
     task=(
         "Write `my_split_heads(x, n_heads)` that takes `x` of shape `(..., T, n_heads * d_head)` and "
-        "returns shape `(..., n_heads, T, d_head)`, where head `h` gets columns `h*d_head` to "
-        "`(h+1)*d_head - 1` of every token (the layout `torch.nn.MultiheadAttention` uses)."
+        "returns shape `(..., n_heads, T, d_head)`, where head `j` gets columns `j*d_head` to "
+        "`(j+1)*d_head - 1` of every token (the layout `torch.nn.MultiheadAttention` uses)."
     ),
     starter="def my_split_heads(x, n_heads):\n    ...  # your code here",
     solution=(
