@@ -134,7 +134,8 @@ def torch_naive_bytes(B, H, T, d, itemsize, causal=False):
 def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=None, reference="sdpa-flash"):
     """The kernels at one shape as text: median time, speed against ``reference``, achieved TFLOP/s,
     its fraction of the datasheet's and of the measured peak, and the peak extra memory. A kernel that
-    did not run says why. The first line is the file's stamp (:func:`caption`), the last a legend."""
+    did not run says why. The first line is the file's stamp (:func:`caption`) after "measured on: ",
+    the last a legend."""
     chosen = [r for r in rows if r["T"] == T and r["d"] == d and r["causal"] == causal and r["dtype"] == dtype
               and (kernels is None or r["kernel"] in kernels)]
     if not chosen:
@@ -142,7 +143,7 @@ def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=No
     if kernels is not None:
         chosen.sort(key=lambda r: list(kernels).index(r["kernel"]))
     first = chosen[0]
-    lines = [caption(stamp, dtype),
+    lines = [f"measured on: {caption(stamp, dtype)}",
              f"{first['direction']}, B={first['B']} H={first['H']} T={T} d={d}{', causal' if causal else ''}",
              f"{'kernel':<15}{'ms':>9}{'speed':>8}{'TFLOP/s':>9}{'of datasheet':>14}{'of measured':>13}"
              f"{'memory':>11}"]
