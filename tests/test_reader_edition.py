@@ -205,7 +205,7 @@ def test_two_keys_in_one_citation_and_a_textual_citation():
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("```{admonition} New\nbody\n```", "unknown MyST directive {admonition}"),
+        ("```{figure} x.png\nbody\n```", "unknown MyST directive {figure}"),
         ("see {numref}`fig-x`", "unknown MyST role {numref}"),
         ("{eq}`eq-nowhere`", "eq-nowhere"),
         ("{cite:p}`nobody2099`", "nobody2099"),
@@ -270,3 +270,15 @@ def test_the_sphinx_extension_points_colab_and_download_at_the_edition(tmp_path)
     other = (out / "book" / "02_without.html").read_text()
     assert f'href="{blob}book/02_without.ipynb"' in other
     assert "reader/" not in other
+
+
+def test_admonitions_become_quotes_under_their_title_and_may_collapse():
+    converter = _converter()
+    html = render(converter.markdown("```{tip}\nA tip with $$x$$ (eq. {eq}`eq-ch10-forward`).\n\nTwo.\n```"))
+    number = reader_edition.Numbers(CHAPTERS).equations["eq-ch10-forward"]
+    assert html.startswith("<blockquote>\n<p><strong>Tip</strong></p>")
+    assert f"(eq. ({number}))" in html and "<p>Two.</p>" in html
+    out = converter.markdown(":::{admonition} The rule\n:class: dropdown\nBody.\n:::")
+    assert out.startswith("<details>\n<summary><b>The rule</b></summary>") and "Body." in out
+    for html in (render(out), render(converter.markdown("```{note}\nN.\n```"))):
+        assert not any(p.findall(html) for p in LEAKS.values())

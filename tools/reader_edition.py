@@ -9,7 +9,8 @@ CommonMark with HTML, where all of that shows as text and every solution sits op
 This script writes ``book/reader/NN_name.ipynb`` for every chapter, the same cells and
 outputs with the Markdown converted:
 
-- a drop-down becomes ``<details><summary>title</summary> ... </details>``;
+- a drop-down becomes ``<details><summary>title</summary> ... </details>``; a note,
+  tip or other admonition a block quote under its bold title;
 - an exercise's fences become a heading "Exercise 4.1 (title)", numbered as in the book,
   and its answer cell stays a code cell to fill in;
 - a solution (its fences and every cell between them, code with its printed output)
@@ -53,6 +54,10 @@ ROLE = re.compile(r"\{([\w:-]+)\}`([^`]*)`")
 TARGET = re.compile(r"^\([\w-]+\)=[ \t]*\n?", re.M)
 OPTION = re.compile(r"^:([\w-]+):[ \t]*(.*)$")
 HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+# Admonitions become a block quote under their bold title (a collapsed block with :class: dropdown).
+ADMONITIONS = {"admonition": "", "note": "Note", "tip": "Tip", "hint": "Hint", "important": "Important",
+               "warning": "Warning", "caution": "Caution", "attention": "Attention",
+               "seealso": "See also"}
 
 _markdown = MarkdownIt("commonmark").use(colon_fence_plugin).use(dollarmath_plugin, allow_labels=True)
 
@@ -170,7 +175,9 @@ def _tokens(text):
     """Block tokens of MyST ``text`` in order, with the contents of directives parsed too."""
     for token in _markdown.parse(text):
         yield token
-        if token.type in ("fence", "colon_fence") and token.info.startswith("{dropdown"):
+        if token.type in ("fence", "colon_fence") and DIRECTIVE.match(token.info) and (
+            DIRECTIVE.match(token.info).group(1) in ("dropdown", *ADMONITIONS)
+        ):
             yield from _tokens(_options(token.content)[1])
 
 
@@ -244,6 +251,14 @@ class Converter:
         options, body = _options(content)
         if name == "dropdown":
             return details(argument, self.markdown(body))
+        if name in ADMONITIONS:
+            title = argument.strip() or ADMONITIONS[name]
+            if not title:
+                raise ValueError("an {admonition} needs a title")
+            if "dropdown" in options.get("class", "").split():
+                return details(title, self.markdown(body))
+            quoted = "\n".join(f"> {line}".rstrip() for line in self.markdown(body).split("\n"))
+            return f"> **{title}**\n>\n{quoted}"
         if name in ("exercise-start", "exercise-end", "solution-start", "solution-end"):
             if gates is None:
                 raise ValueError(f"{{{name}}} inside another directive cannot be converted")
