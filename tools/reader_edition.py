@@ -18,7 +18,8 @@ outputs with the Markdown converted:
 - ``{cite:p}`` / ``{cite:t}`` / ``{cite}`` become author-year citations linked to the
   work, listed under "References" at the end of the chapter;
 - a labelled equation gets its book number as ``\\tag{N}`` and ``{eq}`` becomes "(N)";
-- ``(target)=`` lines go; cells the book hides keep their code, folded in JupyterLab.
+- ``(target)=`` lines go; cells the book hides keep their code, folded: JupyterLab
+  collapses them and Colab shows a ``#@title`` bar that opens on a double click.
 
 An unknown directive or role stops the script with its name, so new markup cannot leak
 silently. A name that only a solution defines and a later cell uses would break the
@@ -292,7 +293,7 @@ class Converter:
                 cell = copy.deepcopy(cell)
                 tags = set(cell.metadata.get("tags", []))
                 if cell.cell_type == "code" and tags & HIDDEN_TAGS:
-                    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+                    fold(cell)
                 cells.append(cell)
                 continue
             gates = []
@@ -333,6 +334,17 @@ class Converter:
         path = Path(source_path).resolve()
         out.metadata[SOURCE_KEY] = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
         return out
+
+
+def fold(cell):
+    """Fold a code cell the book hides: JupyterLab collapses its source, Colab shows a titled bar
+    (a ``#@title`` line and the form view) that opens on a double click."""
+    prompt = cell.metadata.get("mystnb", {}).get("code_prompt_show", "")
+    title = re.sub(r"^Show (the )?", "", prompt).strip() or "code the book hides"
+    title = title[0].upper() + title[1:]
+    cell.source = f"#@title {title} (double-click to show)\n{cell.source}"
+    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+    cell.metadata["cellView"] = "form"
 
 
 def _markdown_cell(text, like):
