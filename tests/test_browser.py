@@ -39,6 +39,11 @@ CODE_FITS_JS = """[...document.querySelectorAll("div.cell_input pre")].filter(pr
     return longest <= 88 && pre.scrollWidth > pre.clientWidth + 1;
 }).map(pre => `${pre.scrollWidth} > ${pre.clientWidth} px: ` + pre.innerText.slice(0, 60))"""
 
+FIGURES_CUT_JS = """[...document.querySelectorAll("div.cell_output img")].filter(img => {
+    const box = img.closest("div.cell_output");
+    return box.scrollWidth > box.clientWidth + 1;
+}).map(img => `${img.naturalWidth} px figure in a ${img.closest("div.cell_output").clientWidth} px column`)"""
+
 REACT_JS = """(() => {
     const results = [];
     for (const root of document.querySelectorAll(".attn-interactive")) {
@@ -87,6 +92,7 @@ def visits(browser):
             report = page_report(tab)
             report["figures"] = tab.evaluate(FIGURE_SCALES_JS, await_promise=False)
             report["code_scrolls"] = tab.evaluate(CODE_FITS_JS, await_promise=False)
+            report["figures_cut"] = tab.evaluate(FIGURES_CUT_JS, await_promise=False)
             report["reactions"] = tab.evaluate(REACT_JS, await_promise=False)
             report["errors"] = tab.console_errors()
             report["external"] = [u for u in tab.requests() if not u.startswith(("file:", "data:"))]
@@ -149,6 +155,14 @@ def test_figures_are_shown_large_enough_to_read(visits, view):
     small = [f"{name}: {shown} of {natural} px" for name, natural, shown in visits(*view)["figures"]
              if natural and shown < MIN_FIGURE_SCALE * natural - 1]
     assert small == []
+
+
+@pytest.mark.parametrize("page", BOOK_PAGES, ids=lambda p: p.stem)
+def test_no_figure_is_cut_by_the_column_at_1280_px(visits, page):
+    """On a desktop screen every figure fits the column at a legible scale; only on a phone may a wide
+    figure scroll sideways in its box (pages.js keeps it at 0.65 of its size or more)."""
+    report = visits(page, WIDTHS["desktop"])
+    assert not report["figures_cut"], report["figures_cut"]
 
 
 @pytest.mark.parametrize("view", VIEWS, ids=_id)
