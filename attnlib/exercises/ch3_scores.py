@@ -110,7 +110,8 @@ score_matrix_exercise = FunctionExercise(
     task=(
         "Write `scores(q, k)` that returns $S = QK^\\top$ for queries `q` of shape `(..., T_q, d_k)` "
         "and keys `k` of shape `(..., T_k, d_k)`: shape `(..., T_q, T_k)`, entry `[i, j]` is "
-        "$q_i \\cdot k_j$. The leading axes (batch, heads) may be there or not."
+        "$q_i \\cdot k_j$. The leading axes (batch, heads) may be there or not. Careful: on an "
+        "array with more than two axes, `k.T` reverses *every* axis; transpose only the last two."
     ),
     starter="def scores(q, k):\n    ...  # your code here",
     solution=(
