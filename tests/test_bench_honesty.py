@@ -114,5 +114,6 @@ def test_time_plots_draw_interquartile_bars_and_mark_flagged_rows():
     assert len(bars) == 1
     segments = bars[0].lines[2][0].get_segments()
     assert [tuple(np.round(seg[:, 1], 6)) for seg in segments] == [(0.9, 1.2), (3.0, 5.0)]
-    assert "flagged as noisy" in [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "flagged (noisy, or no\nslower than a shorter T)" in legend
     plt.close(fig)

@@ -61,7 +61,7 @@ def plot_against_t(ax, rows, column, *, kernels=None):
     ax.set_ylabel(label)
     ax.grid(True, which="major", alpha=0.3)
     if any(r.get("flag") for r in rows):
-        ax.plot([], [], "x", color="black", label="flagged as noisy")
+        ax.plot([], [], "x", color="black", label="flagged (noisy, or no\nslower than a shorter T)")
     ax.legend(fontsize=8)
     return ax
 
