@@ -34,7 +34,6 @@ import ast
 import codecs
 import copy
 import html
-import json
 import re
 import sys
 from pathlib import Path
@@ -325,7 +324,7 @@ class Converter:
                     solution = None
         if solution is not None:
             raise ValueError(f"{source_path.name}: a solution is never closed")
-        _merge_headings(cells)
+        _unique_ids(cells)
         if self.cited:
             lines = "\n".join(f"- {self.bibliography.reference(key)}" for key in self.cited)
             cells.append(nbformat.v4.new_markdown_cell(f"## References\n\n{lines}", id="references"))
@@ -353,7 +352,7 @@ def _markdown_cell(text, like):
     return cell
 
 
-def _merge_headings(cells):
+def _unique_ids(cells):
     """Give split pieces of one source cell distinct ids (the first keeps the source's)."""
     seen = {}
     for cell in cells:
