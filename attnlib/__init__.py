@@ -13,6 +13,7 @@ The public API, each in a file of its own:
 - :class:`KVCache`, :func:`kv_cache_bytes` (``kv_cache.py``); generation loops in :mod:`attnlib.decoding`
 - :func:`rope`, :func:`sinusoidal_positions` (``positions.py``)
 - :func:`device` (``device.py``)
+- :func:`unchecked`, skip the checks that read values (``validation.py``)
 - :mod:`attnlib.examples`, the book's running examples
 """
 
@@ -28,6 +29,7 @@ from .projections import project_qkv
 from .scores import score_matrix
 from .self_attention import SelfAttention
 from .softmax import softmax
+from .validation import unchecked
 
 __version__ = "0.1.0"
 
@@ -52,4 +54,5 @@ __all__ = [
     "sinusoidal_positions",
     "softmax",
     "split_heads",
+    "unchecked",
 ]

@@ -5,6 +5,7 @@ so the NumPy chapters start fast and run where torch is missing.
 """
 
 import importlib
+import sys
 
 import numpy as np
 
@@ -38,6 +39,9 @@ def array_kind(**named_arrays):
 
 def torch_module():
     """Import torch on first use, with a clear message when it is missing."""
+    loaded = sys.modules.get("torch")  # no import machinery once loaded (torch.compile traces this)
+    if loaded is not None:
+        return loaded
     try:
         return importlib.import_module("torch")
     except ImportError as exc:  # pragma: no cover - torch is a requirement

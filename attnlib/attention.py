@@ -6,6 +6,7 @@ backends that compute the same thing in different ways (see
 matrix A itself, for plotting and for teaching.
 """
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -19,7 +20,7 @@ from .gqa import group_heads
 from .masks import causal_alignment, check_window, with_window
 from .softmax import stable_softmax
 from .validation import (all_finite, check_backend, check_mask, check_mask_gradient, check_qkv, check_scale,
-                         dtype_name)
+                         checking_values, dtype_name)
 
 _BACKEND_MODULES = {
     "numpy": "attnlib.backends.numpy_matrix",
@@ -30,6 +31,8 @@ _BACKEND_MODULES = {
     "triton": "attnlib.backends.triton_autograd",
     "triton-simple": "attnlib.backends.triton_simple",
 }
+
+_LOADED = {}  # backend name -> its imported module
 
 
 def _triton_usable():
@@ -57,7 +60,31 @@ def backend_module(name):
     """The module implementing backend ``name``; a ValueError lists the valid names."""
     if not isinstance(name, str) or not _usable(name):
         raise ValueError(f"unknown or unavailable backend {name!r}; available here: {backends()}")
-    return importlib.import_module(_BACKEND_MODULES[name])
+    module = _LOADED.get(name)
+    if module is None:
+        module = _LOADED[name] = _import_backend(name)
+    return module
+
+
+def _import_backend(name):
+    """Import backend ``name``'s module with import statements, which torch.compile can trace
+    (it refuses ``importlib.import_module``); the names are those of ``_BACKEND_MODULES``."""
+    if name == "numpy":
+        from .backends import numpy_matrix as module
+    elif name == "loop":
+        from .backends import loop as module
+    elif name == "torch":
+        from .backends import torch_naive as module
+    elif name == "sdpa":
+        from .backends import sdpa as module
+    elif name == "tiled":
+        from .backends import tiled as module
+    elif name == "triton":
+        from .backends import triton_autograd as module
+    else:
+        from .backends import triton_simple as module
+    assert module.__name__ == _BACKEND_MODULES[name], (name, module.__name__)
+    return module
 
 
 def _to_backend_kind(arrays, kind, backend_kind, backend):
@@ -151,12 +178,22 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
     module = backend_module(name)
     mask, window_option = window_arguments(mask, shapes, kind, causal, window, q, native=skips_window(module))
     q_b, k_b, v_b, mask_b = _to_backend_kind([q, k, v, mask], kind, module.ARRAY_KIND, name)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, in words
+    with quiet_overflow(kind, module.ARRAY_KIND):  # overflow is reported below, in words
         out = module.forward(q_b, k_b, v_b, mask_b, causal, scale, **window_option)
     if kind == "numpy" and is_tensor(out):
         out = out.numpy()
     check_scores_fit("attention", out, q.dtype, kind)
     return out if ungroup is None else ungroup(out)  # (..., H, T_q, d_v)
+
+
+def quiet_overflow(*kinds):
+    """NumPy's overflow warnings silenced where NumPy computes; nothing for torch alone.
+
+    (torch.compile cannot trace ``np.errstate``, and torch does not warn.)
+    """
+    if "numpy" in kinds:
+        return np.errstate(over="ignore", invalid="ignore")
+    return contextlib.nullcontext()
 
 
 def check_enable_gqa(enable_gqa):
@@ -200,8 +237,11 @@ def check_scores_fit(what, result, dtype, kind):
 
     The inputs were checked to be finite and the mask to leave every query a
     key, so the only way to get here is scores ``q . k * scale`` beyond the
-    dtype's range: the softmax then computes inf - inf = NaN.
+    dtype's range: the softmax then computes inf - inf = NaN. Skipped under
+    :func:`attnlib.unchecked`.
     """
+    if not checking_values():
+        return
     finite = all_finite(result, "torch" if is_tensor(result) else "numpy")
     if finite:
         return

@@ -10,6 +10,8 @@ uses): a boolean mask is True where a query *may attend* to a key; a float mask
 is added to the scores, 0 to keep a key and -inf to drop it.
 """
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +19,39 @@ import numpy as np
 from .arrays import array_kind, is_tensor, torch_module
 from .errors import DeviceError, DTypeError, MaskError, MixedArrayTypesError, NonFiniteError, ShapeError
 from .masks import causal_alignment, causal_offset
+
+
+_STATE = threading.local()  # .unchecked: True inside `with unchecked():`, in this thread only
+
+
+@contextlib.contextmanager
+def unchecked():
+    """Skip the checks that read values, in this thread, inside the block.
+
+    attnlib checks every input's *values* by default: NaN or inf in ``q``, ``k``,
+    ``v``, ``d_out`` or a float mask, a mask that leaves a query no key, scores
+    that overflow the dtype. On a GPU each such check copies a flag to the host
+    and waits for the device (a *sync*), and under ``torch.compile`` it breaks
+    the graph. Inside ``with attnlib.unchecked():`` those checks are skipped;
+    the checks that read only metadata (ranks, shapes, dtypes, devices, the
+    kind of mask, the backend's name) still run. Bad values then give what the
+    backend computes (NaN, or a row of zeros), as in PyTorch.
+
+    Use it where you time a loop, or inside a compiled function, after the same
+    inputs have been checked once. Blocks nest; the setting is restored on exit,
+    also after an exception.
+    """
+    before = getattr(_STATE, "unchecked", False)
+    _STATE.unchecked = True
+    try:
+        yield
+    finally:
+        _STATE.unchecked = before
+
+
+def checking_values():
+    """False inside :func:`unchecked` (in this thread), True otherwise."""
+    return not getattr(_STATE, "unchecked", False)
 
 
 @dataclass(frozen=True)
@@ -94,8 +129,8 @@ def all_finite(x, kind):
 
 
 def check_finite(name, x, kind):
-    """Raise :class:`NonFiniteError` if ``x`` holds NaN or +-inf."""
-    if not all_finite(x, kind):
+    """Raise :class:`NonFiniteError` if ``x`` holds NaN or +-inf (skipped under :func:`unchecked`)."""
+    if checking_values() and not all_finite(x, kind):
         raise NonFiniteError(
             f"{name} (shape {_shape(x)}) contains NaN or inf; attention would return "
             "NaN for every query that sees it"
@@ -316,23 +351,28 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
             f"mask of shape {_shape(mask)} does not broadcast to the score shape "
             f"{score_shape} (batch..., T_q={shapes.t_q}, T_k={shapes.t_k})"
         )
+    values = checking_values()  # False under unchecked(): nothing below reads the mask's values
     if is_bool:
         allowed = mask
     else:
-        if _has_nan_or_posinf(mask, kind):
+        if values and _has_nan_or_posinf(mask, kind):
             raise MaskError(
                 f"float mask (shape {_shape(mask)}) contains NaN or +inf; use 0 to keep "
                 "a key and -inf to drop it"
             )
         converted = _mask_in_dtype(mask, kind, dtype)
-        if _has_nan_or_posinf(converted, kind):
+        if values and _has_nan_or_posinf(converted, kind):
             raise MaskError(
                 f"float mask (shape {_shape(mask)}, dtype {dtype_name(mask.dtype)}) holds a value "
                 f"too large for {dtype_name(dtype)}, the dtype of q, k and v, so it becomes +inf "
                 "there; keep mask values within that dtype's range"
             )
         mask = converted
+        if not values:
+            return mask
         allowed = mask > float("-inf")
+    if not values:
+        return mask
     _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=not is_bool and dtype is not None,
                                boolean=is_bool)
     return mask
