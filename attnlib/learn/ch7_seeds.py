@@ -62,6 +62,7 @@ REVERSAL_COLUMNS = (
     "first_step_reached",  # first evaluation step with accuracy >= REACHED in the long run (empty: never)
     # at the queries whose two answers sit at different positions (6 of 8), after LONG_STEPS:
     "weight_on_reversed", "weight_on_previous",  # the largest mean weight a head puts on that position
+    "head_on_reversed", "head_on_previous",  # ... and which head that is
     "differing_reversed", "differing_previous",  # held-out accuracy there
     "average_weights_reversed", "average_weights_previous",  # ... with each head's weights averaged
     "values_without_positions_reversed", "values_without_positions_previous",  # ... values without positions
@@ -155,7 +156,7 @@ def reversal_run(n_heads, seed, test=None):
     mean_maps = model.attention_maps(tokens)[0].mean(dim=0)  # (H, T, T), over the held-out sequences
     for question, name in enumerate(("reversed", "previous")):
         on_answer = mean_maps[:, queries, sources[question, queries]].mean(dim=-1)  # (H,)
-        row[f"weight_on_{name}"] = on_answer.max()
+        row[f"weight_on_{name}"], row[f"head_on_{name}"] = on_answer.max(), int(on_answer.argmax())
     right = ablation.classifier_accuracy(model, tokens, answers)  # (T, 2): each position, each question
     for question, name in enumerate(("reversed", "previous")):
         row[name] = right[:, question].mean()
@@ -164,8 +165,8 @@ def reversal_run(n_heads, seed, test=None):
         right = ablation.classifier_accuracy(model, tokens, answers, **removed)[differ]  # (6, 2)
         for question, name in enumerate(("reversed", "previous")):
             row[f"{prefix}{name}"] = right[:, question].mean()
-    return {**_rounded({k: v for k, v in row.items() if k != "first_step_reached"}),
-            "first_step_reached": row["first_step_reached"]}
+    counts = ("first_step_reached", "head_on_reversed", "head_on_previous")
+    return {**_rounded({k: v for k, v in row.items() if k not in counts}), **{k: row[k] for k in counts}}
 
 
 def run_all(seeds=SEEDS, progress=print):
@@ -207,7 +208,7 @@ def read_seed_runs(path=DEFAULT_OUTPUT):
     """``(stamp, rows)`` from a file :func:`write_seed_runs` wrote.
 
     ``rows`` is a list of dicts over :data:`COLUMNS`: ``experiment`` a str,
-    ``seed``, ``n_heads``, ``steps`` and ``first_step_reached`` ints, every other
+    ``seed``, ``n_heads``, ``steps``, ``first_step_reached`` and ``head_on_*`` ints, every other
     number a float, and None where the cell is empty. ``stamp`` is a dict over
     :data:`STAMP_COLUMNS`, read from the first row.
     """
@@ -216,7 +217,7 @@ def read_seed_runs(path=DEFAULT_OUTPUT):
     missing = [name for name in (*COLUMNS, *STAMP_COLUMNS) if not records or name not in records[0]]
     if missing:
         raise ValueError(f"{path} is not a file of chapter 7's seed runs: no rows, or no columns {missing}")
-    integers = {"seed", "n_heads", "steps", "first_step_reached"}
+    integers = {"seed", "n_heads", "steps", "first_step_reached", "head_on_reversed", "head_on_previous"}
 
     def typed(name, text):
         if text == "":
@@ -254,11 +255,13 @@ def summary(rows):
     - ``"pointer"``: ``seeds`` (sorted), ``routes`` (seed -> :func:`pointer_route`),
       ``route_seeds`` (route -> sorted seeds), and for every column of
       :data:`POINTER_COLUMNS` its spread (``min``, ``max``, ``n``) over the seeds;
-      ``carrier_removed`` and ``other_removed``: per seed, the accuracy without the
-      output at "it" of the head whose removal costs most, and of the other head;
+      ``by_route``: route -> the spreads over that route's seeds of ``without_it_view``,
+      ``without_nouns_view``, ``carrier_removed`` and ``other_removed`` (the accuracy
+      without the output at "it" of the head whose removal costs most, and of the other);
     - ``"reversal_1_head"``, ``"reversal_2_heads"``: ``seeds``, and for every column of
       :data:`REVERSAL_COLUMNS` its spread over the seeds (``first_step_reached``
-      over the seeds that reached :data:`REACHED`), ``never_reached``: the seeds that did not.
+      over the seeds that reached :data:`REACHED`), ``never_reached``: the seeds that did not,
+      ``separate_heads``: the seeds in which different heads serve the two questions.
     """
     pointer = sorted((r for r in rows if r["experiment"] == "pointer"), key=lambda r: r["seed"])
     out = {"pointer": {"seeds": [r["seed"] for r in pointer]}}
@@ -268,14 +271,24 @@ def summary(rows):
     out["pointer"]["routes"] = routes
     out["pointer"]["route_seeds"] = {route: sorted(s for s, r in routes.items() if r == route)
                                      for route in ("it", "nouns", "both", "either")}
-    removed = [sorted((r["without_head_0_at_it"], r["without_head_1_at_it"])) for r in pointer]
-    out["pointer"]["carrier_removed"] = _spread([low for low, _ in removed])
-    out["pointer"]["other_removed"] = _spread([high for _, high in removed])
+    out["pointer"]["by_route"] = {}
+    for route, seeds in out["pointer"]["route_seeds"].items():
+        group = [r for r in pointer if r["seed"] in seeds]
+        if not group:
+            continue
+        removed = [sorted((r["without_head_0_at_it"], r["without_head_1_at_it"])) for r in group]
+        out["pointer"]["by_route"][route] = {
+            "without_it_view": _spread([r["without_it_view"] for r in group]),
+            "without_nouns_view": _spread([r["without_nouns_view"] for r in group]),
+            "carrier_removed": _spread([low for low, _ in removed]),
+            "other_removed": _spread([high for _, high in removed])}
     for n_heads, key in ((1, "reversal_1_head"), (2, "reversal_2_heads")):
         runs = sorted((r for r in rows if r["experiment"] == "reversal" and r["n_heads"] == n_heads),
                       key=lambda r: r["seed"])
         out[key] = {"seeds": [r["seed"] for r in runs],
-                    "never_reached": [r["seed"] for r in runs if r["first_step_reached"] is None]}
+                    "never_reached": [r["seed"] for r in runs if r["first_step_reached"] is None],
+                    "separate_heads": [r["seed"] for r in runs
+                                       if r["head_on_reversed"] != r["head_on_previous"]]}
         for name in REVERSAL_COLUMNS:
             values = [r[name] for r in runs if r[name] is not None]
             out[key][name] = _spread(values) if values else None
