@@ -4,21 +4,34 @@ Run it as ``python -m attnlib.bench.decode`` (``--help`` lists the options).
 Two presets:
 
 - ``decode`` (the default): chapter 11's decoder at a fixed size, one token
-  generated after a context of T tokens, for T = 256 ... 4096. *Recompute*
-  runs the model over all T tokens (:func:`attnlib.decoding.forward_step`
-  without a cache); *cached* runs it over the one new token, whose query attends
-  over T - 1 cached keys and values and its own. The two are timed in turns
-  (:func:`attnlib.bench.timing.time_cpu_interleaved`), after a warm-up, on one
-  thread, and each row keeps every repeat and its median.
+  generated after a context of T tokens, for T = 256 ... 4096. Five modes
+  (:data:`DECODE_MODES`), timed in turns
+  (:func:`attnlib.bench.timing.time_cpu_interleaved`) after a warm-up, on one
+  thread, each row keeping every repeat and its median:
+
+  - *recompute* runs the model over all T tokens
+    (:func:`attnlib.decoding.forward_step` without a cache);
+  - *cached* runs it over the one new token, whose query attends over T - 1
+    cached keys and values and its own;
+  - *cached-unchecked* is *cached* inside :func:`attnlib.unchecked`, which skips
+    the checks that read values (NaN and inf in the weights, the activations
+    and the cache);
+  - *recompute-floor* and *cached-floor* are the step's *floor*: only its
+    matrix products (the projections, SDPA, the MLP, the unembedding), the same
+    shapes and weights, called on torch directly (:func:`floor_calls`). What a
+    step takes beyond its floor is its *overhead*: Python, attnlib's checks and
+    dispatch, and the small element-wise steps (LayerNorm, GELU, RoPE, the
+    cache's copy). :func:`step_breakdown` computes it from the rows.
 - ``window``: the tiled attention kernel over a whole sequence of T tokens,
   causal, once with a sliding window of W keys and once without, to show its
   cost grow as T * W instead of T^2.
 
-What is timed is the library as the chapters run it, input checks included
-(every call checks its inputs for NaN and inf, which reads the weights and the
-cache once more); :mod:`attnlib.bench.kernels` times the bare kernels instead.
-The file is stamped like the main benchmark's (:func:`attnlib.bench.report.make_stamp`)
-and the chapters read it back with :func:`read_decode_results`.
+*recompute* and *cached* time the library as the chapters run it, input checks
+included; :mod:`attnlib.bench.kernels` times the bare attention kernels instead.
+The file is stamped like the main benchmark's (:func:`attnlib.bench.report.make_stamp`),
+plus the git commit (:func:`attnlib.provenance.git_commit`), and the chapters read it
+back with :func:`read_decode_results` (files written before a column existed read
+it as None).
 """
 
 import argparse
@@ -30,13 +43,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import provenance
 from . import devices, report, timing
 from .sweep import cpu_threads
+
+# The modes of the decode preset, in the order they are timed in turns (see the module's docstring).
+DECODE_MODES = ("recompute", "recompute-floor", "cached", "cached-unchecked", "cached-floor")
+FLOOR_SUFFIX = "-floor"  # mode + FLOOR_SUFFIX: the bare matrix products of that mode's step
 
 PRESETS = {
     # A small GPT-like stack: 4 blocks of width 512 (8 heads of 64), float32, batch 1.
     "decode": dict(n_layers=4, d_model=512, n_heads=8, vocab=1024, contexts=[256, 512, 1024, 2048, 4096],
-                   dtype="float32", backend="sdpa", warmup=1, warmup_s=0.5, min_repeats=5, max_repeats=20,
+                   dtype="float32", backend="sdpa", warmup=1, warmup_s=0.5, min_repeats=7, max_repeats=30,
                    budget=2.0),
     # The tiled kernel, causal, with and without a window: B=1, H=8, d=64, float32, blocks of 256 keys
     # (a window of W visits about (W + block) / block blocks per query block, so blocks smaller than W).
@@ -51,7 +69,7 @@ QUICK = {"decode": dict(n_layers=1, d_model=64, n_heads=2, vocab=64, contexts=[3
 # One row per (mode, context). Columns that do not apply to a preset are empty.
 DECODE_COLUMNS = {
     "preset": str,  # "decode" or "window"
-    "mode": str,  # "recompute" or "cached" (decode); "window" or "causal" (window)
+    "mode": str,  # one of DECODE_MODES (decode); "window" or "causal" (window)
     "backend": str,  # the attention backend
     "device": str,
     "device_name": str,
@@ -79,6 +97,9 @@ DECODE_COLUMNS = {
     "cache_bytes": int,  # the KV cache at this context (kv_cache_bytes)
     "flag": str,  # why the row's time is not to be trusted; empty when it looks sound
 }
+
+# The stamp: the main benchmark's fields, and the commit of the code that measured (None in old files).
+DECODE_STAMP_COLUMNS = {**report.STAMP_COLUMNS, "git_commit": str}
 
 
 @dataclass(frozen=True)
@@ -166,6 +187,93 @@ def decode_calls(model, context, backend):
     return recompute, cached
 
 
+def floor_calls(model, context):
+    """``(recompute_floor, cached_floor)``: the matrix products of one step, and nothing else.
+
+    Each does, with torch directly, the products :func:`decode_calls`' step does, in the same
+    shapes, with the model's own weights: per block ``x @ W_Q``, ``x @ W_K``, ``x @ W_V``,
+    SDPA over the heads, ``@ W_O`` and the MLP's two products; then the unembedding. No
+    attnlib call, no check, no LayerNorm, GELU, RoPE or cache copy: their inputs are made
+    once, beforehand. *Recompute* runs ``context`` positions (SDPA with ``is_causal``);
+    *cached* one query over ``context`` keys and values. A step's time minus its floor's is
+    what it spends beyond these products (:func:`step_breakdown`).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(0)
+    dtype = model.unembedding.dtype
+    d_model, n_heads = model.unembedding.shape[0], model.blocks[0].attention.n_heads
+    head_dim = d_model // n_heads
+
+    def inputs(n_queries):
+        def normal(*shape):
+            return torch.randn(*shape, generator=generator, dtype=dtype)
+
+        return dict(x=normal(1, n_queries, d_model),  # (1, n, d_model): the normed input of each product
+                    q=normal(1, n_heads, n_queries, head_dim),  # (1, H, n, d_head)
+                    k=normal(1, n_heads, context, head_dim),  # (1, H, T, d_head): every key attended to
+                    v=normal(1, n_heads, context, head_dim),
+                    hidden=normal(1, n_queries, 4 * d_model))  # (1, n, 4 d_model): the MLP's middle
+
+    def products(x, q, k, v, hidden, causal):
+        for block in model.blocks:
+            attention = block.attention
+            for weight in (attention.w_q, attention.w_k, attention.w_v):
+                torch.matmul(x, weight)  # (1, n, d) @ (d, d)
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (1, H, n, d_head)
+            torch.matmul(x, attention.w_o)  # the merged heads (1, n, d) @ (d, d)
+            if block.mlp is not None:
+                torch.matmul(x, block.mlp.w_1)  # (1, n, d) @ (d, 4d)
+                torch.matmul(hidden, block.mlp.w_2)  # (1, n, 4d) @ (4d, d)
+        return torch.matmul(x, model.unembedding)  # (1, n, d) @ (d, V)
+
+    recompute_inputs, cached_inputs = inputs(context), inputs(1)
+
+    @torch.no_grad()
+    def recompute_floor():
+        return products(**recompute_inputs, causal=True)
+
+    @torch.no_grad()
+    def cached_floor():
+        return products(**cached_inputs, causal=False)  # one query sees every key
+
+    return recompute_floor, cached_floor
+
+
+def step_breakdown(rows):
+    """Where each decode step's time goes, per (mode, context), from the rows of the ``decode`` preset.
+
+    For every step mode with a floor row at the same context (``recompute``, ``cached``), a dict:
+    ``step_ms`` (its median), ``floor_ms``, ``overhead_ms`` (step - floor), ``floor_fraction``
+    (floor / step; the step is *dominated by overhead* where this is below 0.5), ``gflop_per_s``
+    and ``floor_gflop_per_s`` (the row's FLOPs over each time), and the rows' ``flags`` (those
+    that are set). The ``cached`` entries add ``unchecked_ms``, ``checks_ms`` (cached - unchecked),
+    ``checks_fraction`` (of the step) and ``unchecked_overhead_ms`` (unchecked - floor), when the
+    file has ``cached-unchecked`` rows.
+    """
+    by_key = {(row["mode"], row["context"]): row for row in rows if row["preset"] == "decode"}
+    breakdown = {}
+    for (mode, context), step in sorted(by_key.items()):
+        floor = by_key.get((mode + FLOOR_SUFFIX, context))
+        if mode.endswith(FLOOR_SUFFIX) or floor is None:
+            continue
+        entry = dict(step_ms=step["time_ms"], floor_ms=floor["time_ms"],
+                     overhead_ms=step["time_ms"] - floor["time_ms"],
+                     floor_fraction=floor["time_ms"] / step["time_ms"],
+                     gflop_per_s=step["flops"] / step["time_ms"] / 1e6,
+                     floor_gflop_per_s=floor["flops"] / floor["time_ms"] / 1e6,
+                     flags=[row["flag"] for row in (step, floor) if row["flag"]])
+        unchecked = by_key.get((mode + "-unchecked", context))
+        if unchecked is not None:
+            entry.update(unchecked_ms=unchecked["time_ms"], checks_ms=step["time_ms"] - unchecked["time_ms"],
+                         checks_fraction=(step["time_ms"] - unchecked["time_ms"]) / step["time_ms"],
+                         unchecked_overhead_ms=unchecked["time_ms"] - floor["time_ms"])
+            entry["flags"] += [unchecked["flag"]] if unchecked["flag"] else []
+        breakdown[mode, context] = entry
+    return breakdown
+
+
 def build_decoder(sizes, dtype):
     """Chapter 11's decoder with RoPE (any length), random weights from seed 0, in ``dtype``."""
     import torch
@@ -190,31 +298,38 @@ def _row(options, timing_result, **fields):
     return row
 
 
-def _time_in_turns(functions, options):
-    return timing.time_cpu_interleaved(functions, warmup=options["warmup"], warmup_s=options["warmup_s"],
+def _time_in_turns(functions, options, contexts=None):
+    return timing.time_cpu_interleaved(functions, contexts=contexts, warmup=options["warmup"],
+                                       warmup_s=options["warmup_s"],
                                        min_repeats=options["min_repeats"], max_repeats=options["max_repeats"],
                                        budget_s=options["budget"])
 
 
 def run_decode(options, progress=print):
-    """Rows of the ``decode`` preset: recompute and cached, timed in turns at every context."""
+    """Rows of the ``decode`` preset: the five :data:`DECODE_MODES`, timed in turns at every context."""
     from ..kv_cache import kv_cache_bytes
+    from ..validation import unchecked
 
     sizes = DecodeModel(options["n_layers"], options["d_model"], options["n_heads"], options["vocab"])
     model = build_decoder(sizes, options["dtype"])
     rows = []
     for context in options["contexts"]:
         recompute, cached = decode_calls(model, context, options["backend"])
-        results = _time_in_turns([recompute, cached], options)
-        for mode, result in zip(("recompute", "cached"), results):
-            rows.append(_row(options, result, preset="decode", mode=mode, backend=options["backend"],
+        recompute_floor, cached_floor = floor_calls(model, context)
+        calls = {"recompute": recompute, "recompute-floor": recompute_floor, "cached": cached,
+                 "cached-unchecked": cached, "cached-floor": cached_floor}
+        contexts = [unchecked if mode.endswith("-unchecked") else None for mode in DECODE_MODES]
+        results = _time_in_turns([calls[mode] for mode in DECODE_MODES], options, contexts)
+        for mode, result in zip(DECODE_MODES, results):
+            rows.append(_row(options, result, preset="decode", mode=mode,
+                             backend=None if mode.endswith(FLOOR_SUFFIX) else options["backend"],
                              n_layers=sizes.n_layers, d_model=sizes.d_model, n_heads=sizes.n_heads,
                              head_dim=sizes.head_dim, vocab=sizes.vocab, context=context,
-                             flops=decode_flops(sizes, context, cached=mode == "cached"),
+                             flops=decode_flops(sizes, context, cached=mode.startswith("cached")),
                              bytes_read=decode_bytes(sizes, context, options["dtype"]),
                              cache_bytes=kv_cache_bytes(sizes.n_layers, sizes.n_heads, sizes.head_dim,
                                                         options["dtype"], seq_len=context)))
-            progress(f"decode T={context:>5} {mode:<9} {rows[-1]['time_ms']:10.2f} ms"
+            progress(f"decode T={context:>5} {mode:<16} {rows[-1]['time_ms']:10.2f} ms"
                      + (f"  ({rows[-1]['flag']})" if rows[-1]["flag"] else ""))
     return rows
 
@@ -252,7 +367,7 @@ def write_decode_results(path, stamp, rows):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    stamp_columns = [name for name in report.STAMP_COLUMNS if name in stamp]
+    stamp_columns = [name for name in DECODE_STAMP_COLUMNS if name in stamp]
     with open(partial, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*DECODE_COLUMNS, *stamp_columns])
         writer.writeheader()
@@ -267,13 +382,13 @@ def read_decode_results(path):
         records = list(csv.DictReader(f))
     if not records or "mode" not in records[0]:
         raise ValueError(f"{path} is not a decode benchmark file (no rows, or no 'mode' column)")
-    types = {**DECODE_COLUMNS, **report.STAMP_COLUMNS}
+    types = {**DECODE_COLUMNS, **DECODE_STAMP_COLUMNS}
 
     def typed(name, text):
         return None if text in ("", None) else types[name](text)
 
     rows = [{name: typed(name, record.get(name)) for name in DECODE_COLUMNS} for record in records]
-    stamp = {name: typed(name, records[0].get(name)) for name in report.STAMP_COLUMNS if name in records[0]}
+    stamp = {name: typed(name, records[0].get(name)) for name in DECODE_STAMP_COLUMNS if name in records[0]}
     stamp["device_name"] = rows[0]["device_name"]
     return stamp, rows
 
@@ -281,9 +396,10 @@ def read_decode_results(path):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m attnlib.bench.decode",
-        description="Time generating one token with and without a KV cache (preset decode), or the tiled "
-                    "attention kernel with and without a sliding window (preset window), on one CPU thread. "
-                    "Prints each row and optionally writes a CSV stamped with the machine.",
+        description="Time generating one token with and without a KV cache, checked and unchecked, and "
+                    "the step's floor (its matrix products alone) (preset decode), or the tiled attention "
+                    "kernel with and without a sliding window (preset window), on one CPU thread. Prints each "
+                    "row and optionally writes a CSV stamped with the machine and the git commit.",
         epilog="Examples: python -m attnlib.bench.decode --output attnlib/data/decode_cpu.csv | "
                "python -m attnlib.bench.decode --preset window --output attnlib/data/window_cpu.csv")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="decode",
@@ -304,8 +420,9 @@ def main(argv=None):
     command = " ".join(["python", "-m", "attnlib.bench.decode", *(sys.argv[1:] if argv is None else argv)])
     stamp = report.make_stamp(device="cpu", device_name=devices.device_name("cpu"), tf32=False,
                               dtypes=[options["dtype"]], command=command, threads=1)
+    stamp["git_commit"] = provenance.git_commit()
     print(f"# {stamp['device_name']} | torch {stamp['torch_version']} | one thread | preset {args.preset} | "
-          f"load average {stamp['load_average']} | {stamp['date_utc']}")
+          f"load average {stamp['load_average']} | {stamp['date_utc']} | commit {stamp['git_commit']}")
     with cpu_threads(1):
         rows = (run_decode if args.preset == "decode" else run_window)(options)
     if args.output:
