@@ -106,9 +106,13 @@ def rope(x, positions=None, *, base=10000.0, style="half"):
         Sets the slowest angle; 10000 as in RoFormer and Llama.
     style : {"half", "interleaved"}
         Which features form a pair. ``"half"`` pairs feature i with i + d/2
-        (GPT-NeoX, Llama); ``"interleaved"`` pairs 2i with 2i + 1 (the RoFormer
-        paper). The two are the same rotation with the features listed in
-        another order.
+        (GPT-NeoX, and Llama as Hugging Face stores it); ``"interleaved"`` pairs
+        2i with 2i + 1 (the RoFormer paper, and Meta's reference Llama code, which
+        rotates through complex numbers). The two are the same rotation with the
+        features listed in another order: Hugging Face's Llama conversion permutes
+        each head's columns of W_Q and W_K (rows, in PyTorch's (out, in) layout) so
+        that ``"half"`` gives the scores ``"interleaved"`` gives with the original
+        weights.
 
     Returns
     -------

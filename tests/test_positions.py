@@ -251,3 +251,18 @@ def test_without_positions_one_causal_layer_reads_the_earlier_tokens_as_a_bag():
         assert torch.allclose(last, last_shuffled) is same, positions
     two_layers = Decoder(10, 16, 2, 2, positions="none")  # the causal mask lets layer 1 count tokens
     assert not torch.allclose(two_layers(tokens)[0, -1], two_layers(shuffled)[0, -1])
+
+
+def test_half_style_with_permuted_weights_gives_the_interleaved_scores():
+    """Hugging Face-format Llama: W_Q and W_K's columns of each head permuted, then style="half"."""
+    rng = np.random.default_rng(7)
+    d_model, d = 16, 8
+    x = rng.standard_normal((2, 6, d_model))
+    w_q, w_k = rng.standard_normal((d_model, d)), rng.standard_normal((d_model, d))
+    permutation = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])  # pairs (2i, 2i+1) -> (i, i + d/2)
+    q_meta, k_meta = (attnlib.rope(x @ w, style="interleaved") for w in (w_q, w_k))
+    q_hf, k_hf = (attnlib.rope(x @ w[:, permutation], style="half") for w in (w_q, w_k))
+    np.testing.assert_allclose(q_hf, q_meta[..., permutation], atol=1e-12)
+    np.testing.assert_allclose(q_hf @ k_hf.swapaxes(-1, -2), q_meta @ k_meta.swapaxes(-1, -2), atol=1e-10)
+    q_wrong, k_wrong = (attnlib.rope(x @ w, style="half") for w in (w_q, w_k))  # unpermuted: other scores
+    assert np.abs(q_wrong @ k_wrong.swapaxes(-1, -2) - q_meta @ k_meta.swapaxes(-1, -2)).max() > 1
