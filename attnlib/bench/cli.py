@@ -152,8 +152,9 @@ def build_parser():
                      help="skip the extra call that measures peak memory")
     how.add_argument("--no-check", action="store_true",
                      help="skip the check of each kernel's output (and gradients) against SDPA's math kernel "
-                          "in float64 on one (batch, head), done once before timing it; a kernel that "
-                          "disagrees gets an error row, not a time")
+                          "in float64 on one (batch, head), done once before timing it; a kernel whose error "
+                          f"exceeds {kernels.CHECK_MARGIN} times that of a model of its dtype's rounding on "
+                          "the same inputs (kernels.check_tolerance) gets an error row, not a time")
     how.add_argument("--no-measured-peak", action="store_true",
                      help="on a GPU, skip the large matrix product per dtype that measures the peak each "
                           "row's fraction_of_measured_peak divides by")

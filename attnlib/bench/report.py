@@ -5,7 +5,8 @@ line per row, with the stamp's fields repeated on every line, so that a single
 line copied out of it still says where and when it was measured.
 
 The stamp records what a reader needs to trust or reproduce a number: the
-device, the library versions, the TF32 setting, the dtypes, the date (UTC)
+device, the library versions, the git commit of the code that ran (files written
+before it was recorded have none), the TF32 setting, the dtypes, the date (UTC)
 and the command line.
 """
 
@@ -17,6 +18,7 @@ import platform
 import sys
 from pathlib import Path
 
+from ..provenance import git_commit
 from . import devices
 
 # Every row has exactly these fields; a value is None (empty in a CSV) when it
@@ -55,6 +57,7 @@ ROW_COLUMNS = {
     "times_ms": str,  # every timed call, in order, space-separated (empty for do_bench)
     "flag": str,  # why this row's time is not to be trusted (see flag_rows); None when it looks sound
     "check_error": float,  # largest |kernel - reference| / max(1, max |reference|) on a slice, before timing
+    "check_tolerance": float,  # the largest check_error allowed on that slice (kernels.check_tolerance)
     "tile": str,  # for Triton rows: the tile each kernel ran with (the autotuner's choice on a GPU)
     "measured_peak_tflop_per_s": float,  # a large matmul in this dtype, measured in the same run
     "fraction_of_measured_peak": float,  # tflop_per_s / measured_peak_tflop_per_s
@@ -63,12 +66,13 @@ ROW_COLUMNS = {
 # Columns added after files were first committed: a file without them reads as None.
 OPTIONAL_COLUMNS = ("times_ms", "flag", "load_average", "direction", "check_error", "tile", "products",
                     "measured_peak_tflop_per_s", "fraction_of_measured_peak", "driver_version",
-                    "cudnn_version", "gpu_state_start", "gpu_state_end")
+                    "cudnn_version", "gpu_state_start", "gpu_state_end", "check_tolerance", "git_commit")
 
 NOISY_IQR_OVER_MEDIAN = 0.2  # a row whose IQR is more than this fraction of its median is flagged
 
 STAMP_COLUMNS = {
     "date_utc": str,  # ISO 8601, e.g. 2026-01-31T12:00:00+00:00
+    "git_commit": str,  # the library's commit, "<sha>-dirty" with uncommitted changes (attnlib.provenance)
     "python_version": str,
     "numpy_version": str,
     "torch_version": str,
@@ -113,6 +117,7 @@ def make_stamp(*, device, device_name, tf32, dtypes, command, threads=None):
         "tf32": bool(tf32),
         "dtypes": list(dtypes),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+        "git_commit": git_commit(),
         "python_version": platform.python_version(),
         "numpy_version": numpy.__version__,
         "torch_version": torch.__version__,
