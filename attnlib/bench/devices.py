@@ -19,6 +19,14 @@ Sources (vendor numbers; datasheets list fp16 "with sparsity", twice the dense v
 - GeForce RTX 4090: NVIDIA Ada Lovelace architecture whitepaper (appendix),
   FP16/BF16 tensor with FP32 accumulate 165.2 TFLOP/s dense (330.3 with FP16
   accumulate, which PyTorch's matmuls do not use); 1,008 GB/s GDDR6X.
+
+A peak is SMs x tensor-core FLOPs per SM per clock x clock. The whitepapers give
+the per-SM rate: an A100 SM does 1,024 dense fp16 multiply-adds per clock (4 tensor
+cores of 256), 2,048 FLOPs; an H100 SM twice that, 4,096 FLOPs (NVIDIA A100 and H100
+Tensor Core GPU architecture whitepapers). With 132 SMs (H100 SXM5, H200) and 108
+(A100), :func:`datasheet_clock_mhz` recovers the clock each datasheet peak assumes
+(1,830 MHz for the H100 SXM5's 989.4, below its 1,980 MHz maximum), and
+:func:`peak_at_clock` the peak at the clock a GPU actually ran at.
 """
 
 import os
@@ -35,18 +43,20 @@ class DeviceSpec:
     name: str  # as torch.cuda.get_device_name() reports it
     dense_fp16_tflops: float  # dense fp16/bf16 tensor-core peak, TFLOP/s
     memory_tb_per_s: float  # DRAM (HBM/GDDR) bandwidth, TB/s (10**12 bytes/s)
+    sm_count: int | None = None  # streaming multiprocessors (torch: multi_processor_count)
+    fp16_flop_per_sm_per_clock: int | None = None  # dense fp16/bf16 tensor-core FLOPs of one SM per clock
 
 
 KNOWN_DEVICES = {
     spec.name: spec
     for spec in [
-        DeviceSpec("NVIDIA H100 80GB HBM3", 989.4, 3.35),  # H100 SXM5
+        DeviceSpec("NVIDIA H100 80GB HBM3", 989.4, 3.35, 132, 4096),  # H100 SXM5
         DeviceSpec("NVIDIA H100 PCIe", 756.5, 2.0),
-        DeviceSpec("NVIDIA H200", 989.4, 4.8),  # H200 SXM; the H200 NVL is not listed
-        DeviceSpec("NVIDIA A100-SXM4-40GB", 312.0, 1.555),
-        DeviceSpec("NVIDIA A100-SXM4-80GB", 312.0, 2.039),
-        DeviceSpec("NVIDIA A100-PCIE-40GB", 312.0, 1.555),
-        DeviceSpec("NVIDIA A100 80GB PCIe", 312.0, 1.935),
+        DeviceSpec("NVIDIA H200", 989.4, 4.8, 132, 4096),  # H200 SXM; the H200 NVL is not listed
+        DeviceSpec("NVIDIA A100-SXM4-40GB", 312.0, 1.555, 108, 2048),
+        DeviceSpec("NVIDIA A100-SXM4-80GB", 312.0, 2.039, 108, 2048),
+        DeviceSpec("NVIDIA A100-PCIE-40GB", 312.0, 1.555, 108, 2048),
+        DeviceSpec("NVIDIA A100 80GB PCIe", 312.0, 1.935, 108, 2048),
         DeviceSpec("NVIDIA GeForce RTX 4090", 165.2, 1.008),
     ]
 }
@@ -90,6 +100,30 @@ def fraction_of_peak(achieved_flops_per_s, device_name, dtype, override_tflops=N
     if peak is None or achieved_flops_per_s is None:
         return None
     return achieved_flops_per_s / peak
+
+
+def _flop_per_clock(spec):
+    if spec.sm_count is None or spec.fp16_flop_per_sm_per_clock is None:
+        raise ValueError(f"no SM count or per-SM rate is known for {spec.name}")
+    return spec.sm_count * spec.fp16_flop_per_sm_per_clock
+
+
+def datasheet_clock_mhz(spec):
+    """The SM clock, in MHz, at which the device's tensor cores reach its datasheet peak.
+
+    >>> round(datasheet_clock_mhz(KNOWN_DEVICES["NVIDIA H100 80GB HBM3"]))
+    1830
+    """
+    return spec.dense_fp16_tflops * 1e12 / _flop_per_clock(spec) / 1e6
+
+
+def peak_at_clock(spec, sm_mhz):
+    """The dense fp16/bf16 tensor-core peak, in TFLOP/s, of the device running at ``sm_mhz``.
+
+    >>> round(peak_at_clock(KNOWN_DEVICES["NVIDIA H100 80GB HBM3"], 1650), 1)
+    892.1
+    """
+    return _flop_per_clock(spec) * sm_mhz * 1e6 / 1e12
 
 
 def ridge_point(spec):

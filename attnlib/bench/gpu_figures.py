@@ -14,7 +14,8 @@ device, the dtype, the library versions and the date, never typed by hand.
   by kernel, which places it under the bandwidth roof;
 - :func:`clocks`: the GPU's SM clock, power and throttle reasons at the start and
   end of a run, as numbers; :func:`out_of_memory`, where a kernel ran out of memory and
-  what it asked for; :func:`l2_cache_mib`, the L2 cache torch reported.
+  what it asked for; :func:`l2_cache_mib` and :func:`multiprocessors`, the L2 cache and
+  the SM count torch reported.
 """
 
 import re
@@ -78,6 +79,13 @@ def l2_cache_mib(path=GPU_DIR / "versions.txt"):
     """The GPU's L2 cache in MiB, as torch reported it in the session's ``versions.txt``
     (``L2_cache_size=50MB``, which torch computes in units of 2**20 bytes); None if absent."""
     found = re.search(r"L2_cache_size=(\d+)MB", path.read_text()) if path.is_file() else None
+    return None if found is None else int(found.group(1))
+
+
+def multiprocessors(path=GPU_DIR / "versions.txt"):
+    """The GPU's number of streaming multiprocessors (SMs), as torch reported it in the session's
+    ``versions.txt`` (``multi_processor_count=132``); None if absent."""
+    found = re.search(r"multi_processor_count=(\d+)", path.read_text()) if path.is_file() else None
     return None if found is None else int(found.group(1))
 
 

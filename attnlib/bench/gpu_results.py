@@ -15,11 +15,17 @@ re-check on an H200 (``load(name, folder=GPU_DIR / "h200")``; its README lists t
 files): the GPU tests, the sm_90 check under Triton 3.6, the same fwd+bwd sweep with
 the tiles offered now, and a dK/dV tile A/B.
 
+The stamps of these files record no git commit. ``tile_lists.json`` says, for every
+stored file, which Triton tile lists it ran with (the library's at the commit named):
+:func:`tile_lists` reads them, :func:`current_tile_lists` gives the library's lists now,
+and :func:`retired_tiles` finds the rows that ran a tile no longer offered.
+
 Every row is a row of :mod:`attnlib.bench.report` (``time_ms`` is the median of the
 timed calls). The helpers below pick rows, turn two rows into a speed ratio, count
 the tiles a causal pass skips, and read the stamp and the Nsight Compute report.
 """
 
+import json
 import math
 import re
 from importlib.resources import files
@@ -28,6 +34,8 @@ from pathlib import Path
 from . import report
 
 GPU_DIR = Path(files("attnlib") / "data" / "gpu")
+TILE_LISTS = GPU_DIR / "tile_lists.json"
+TRITON_KERNELS = ("fwd", "dkdv", "dq")  # the library's Triton kernels, as the tile column names them
 
 
 def load(name, folder=GPU_DIR):
@@ -153,3 +161,72 @@ def ncu_metrics(path=GPU_DIR / "ncu_fwd_d64.txt"):
             value = float(value.replace(",", ""))
         metrics[name.strip()] = (unit or "", value)
     return metrics
+
+
+def tile_lists(name, folder=GPU_DIR):
+    """The Triton tile lists the stored file ``name`` (e.g. ``"fwdbwd_d128.csv"``) ran with.
+
+    A dict with ``"commit"`` (the library's commit whose lists they are), ``"note"``,
+    ``"small_problem"`` (the fixed tile of each kernel below 2**20 scores) and, for each of
+    "fwd", "dkdv" and "dq", a list of ``[tile, largest padded head dim, kind]``
+    (see ``tile_lists.json``). None for a file in which no Triton kernel autotuned.
+    Raises ``KeyError`` for a file ``tile_lists.json`` does not list.
+    """
+    data = json.loads(TILE_LISTS.read_text())
+    relative = (Path(folder) / name).relative_to(GPU_DIR).as_posix()
+    if relative not in data["files"]:
+        raise KeyError(f"tile_lists.json says nothing of {relative!r}; it lists {sorted(data['files'])}")
+    key = data["files"][relative]
+    return None if key is None else data["lists"][key]
+
+
+def current_tile_lists():
+    """The library's tile lists now, in the form of :func:`tile_lists` (imports the Triton kernels)."""
+    from ..backends import triton_backward, triton_flash
+
+    def listed(tiles):
+        return [[f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}", max_d, kind]
+                for c, max_d, kind in tiles]
+
+    def fixed(tile):
+        return f"{tile['BLOCK_M']}x{tile['BLOCK_N']} w{tile['num_warps']} s{tile['num_stages']}"
+
+    return {"commit": None, "note": "the library as installed",
+            "small_problem": {"fwd": fixed(triton_flash.SMALL_PROBLEM_TILE),
+                              **{name: fixed(tile) for name, tile in triton_backward.SMALL_PROBLEM_TILES.items()}},
+            "fwd": listed(triton_flash.FWD_TILES), "dkdv": listed(triton_backward.DKDV_TILES),
+            "dq": listed(triton_backward.DQ_TILES)}
+
+
+def offered_tiles(lists, kernel, d, dtype, tf32=False):
+    """The tiles (``"64x64 w4 s3"``) that ``lists`` let the autotuner pick for ``kernel`` ("fwd",
+    "dkdv" or "dq") at head dim ``d`` in ``dtype``, as ``triton_flash.usable_configs`` picks them:
+    a padded head dim (the next power of two, at least 16) within the tile's limit, and a kind
+    offered to the dtype ("tc": tensor-core products, fp16, bf16 and fp32 under TF32; "fp32":
+    those and exact fp32; "any": every dtype)."""
+    padded = max(16, 1 << (d - 1).bit_length())
+    tensor_cores = dtype in ("float16", "bfloat16") or (dtype == "float32" and tf32)
+    kinds = {"any"} | ({"tc", "fp32"} if tensor_cores else {"fp32"} if dtype == "float32" else set())
+    return [tile for tile, max_d, kind in lists[kernel] if padded <= max_d and kind in kinds]
+
+
+def _autotuned(row):
+    """Whether the library's Triton kernels autotuned in ``row``: not the teaching kernel, not a small problem."""
+    return row["kernel"] == "triton" and row["status"] == "ok" and row["T"] * row["T"] >= 2**20
+
+
+def retired_tiles(rows, lists):
+    """The library's Triton rows that ran a tile ``lists`` do not offer at their head dim and dtype.
+
+    ``lists``: e.g. :func:`current_tile_lists`. Returns ``[(row, kernel, tile)]``, one entry per
+    kernel ("fwd", "dkdv", "dq") of a row whose tile is not offered. Rows of the teaching kernel
+    and of small problems (fixed tiles) are left out.
+    """
+    retired = []
+    for row in filter(_autotuned, rows):
+        for part in (row.get("tile") or "").split("; "):
+            kernel, _, tile = part.partition(" ")
+            if kernel in TRITON_KERNELS and tile not in offered_tiles(lists, kernel, row["d"], row["dtype"],
+                                                                         row.get("tf32") or False):
+                retired.append((row, kernel, tile))
+    return retired
