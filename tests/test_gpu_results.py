@@ -81,10 +81,10 @@ def test_causal_tiles_agree_with_the_tiled_backends_block_skipping_and_approach_
 
 def test_causal_speedups_pair_each_length_with_and_without_the_mask():
     tile = "fwd 64x64 w4 s3"
-    rows = [row("k", 1024, 4.0, tile=tile), row("k", 1024, 2.5, causal=True, tile=tile),
+    rows = [row("k", 1024, 4.0, tile="fwd 128x128 w8 s3"), row("k", 1024, 2.5, causal=True, tile=tile),
             row("k", 2048, 9.0, tile=tile), row("k", 2048, None, causal=True, status="error")]
     (only,) = gpu_results.causal_speedups(rows, "k")
-    assert only["T"] == 1024 and only["tile"] == (64, 64)
+    assert only["T"] == 1024 and only["tile"] == (64, 64) and only["full_tile"] == (128, 128)
     assert only["measured"] == pytest.approx(1.6)
     assert only["predicted"] == pytest.approx(only["total"] / only["visited"]) == pytest.approx(256 / 136)
 

@@ -97,7 +97,9 @@ def causal_speedups(rows, kernel, **fields):
     over the time with (measured), next to what the causal run's tile count predicts.
 
     Returns a list of dicts with ``T``, ``tile`` (BLOCK_M, BLOCK_N of the causal run),
-    ``visited``, ``total``, ``predicted`` and ``measured``, by increasing T.
+    ``full_tile`` (those of the run without a mask: the autotuner may pick another, and then
+    the measured ratio compares two tile shapes as well as the masking), ``visited``,
+    ``total``, ``predicted`` and ``measured``, by increasing T.
     """
     table = []
     for T in sorted({r["T"] for r in rows if r["kernel"] == kernel}):
@@ -107,7 +109,7 @@ def causal_speedups(rows, kernel, **fields):
             continue
         tile = tile_shape(causal)
         visited, total = causal_tiles(T, *tile)
-        table.append({"T": T, "tile": tile, "visited": visited, "total": total,
+        table.append({"T": T, "tile": tile, "full_tile": tile_shape(full), "visited": visited, "total": total,
                       "predicted": total / visited, "measured": full["time_ms"] / causal["time_ms"]})
     return table
 
