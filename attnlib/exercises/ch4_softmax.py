@@ -389,14 +389,19 @@ scale_by_d_k = ChoiceExercise(
         ),
         "unchanged": Mistake(
             lambda: "c",
-            "only 1/sqrt(d_k) keeps the spread of the scores near 1 for every d_k; 1/d_k overcorrects",
+            "for independent random q and k, as here, only 1/sqrt(d_k) keeps the spread of the scores "
+            "near 1 for every d_k; 1/d_k overcorrects",
         ),
     },
     explanation=(
         "The spread of $q \\cdot k$ grows like $\\sqrt{d_k}$, so after dividing by $d_k$ it is "
         "$1/\\sqrt{d_k}$. For wide heads every score is then close to 0 and the softmax close to uniform: "
-        "the layer can hardly prefer one key to another. Only $1/\\sqrt{d_k}$ keeps the spread "
-        "near 1 whatever the width."
+        "the layer can hardly prefer one key to another. For queries and keys whose entries are "
+        "independent, as here and in a layer at initialisation, only $1/\\sqrt{d_k}$ keeps the spread "
+        "near 1 whatever the width. Training can align them: if $q$ and $k$ point the same way, "
+        "$q \\cdot k$ grows like $d_k$, not $\\sqrt{d_k}$, which is why the maximal-update "
+        "parametrisation, μP (Yang et al. 2022, *Tensor Programs V*, arXiv:2203.03466), divides the "
+        "scores by $d_k$."
     ),
 )
 
