@@ -59,7 +59,8 @@ def _lists_at(commit):
                                 cwd=gpu_results.GPU_DIR, check=True).stdout
         block = source[source.index(f"{name} = ["):]
         block = block[:block.index("\n]")]
-        lists[kernel] = [[f"{m}x{n} w{w} s{s}", int(d), kind] for m, n, w, s, d, kind in config.findall(block)]
+        lists[kernel] = [[f"{m}x{n} w{w} s{s}", int(d), kind]
+                         for m, n, w, s, d, kind in config.findall(block)]
     return lists
 
 
@@ -79,7 +80,8 @@ def test_the_tile_lists_are_the_librarys_at_the_commit_they_name(key):
 def test_each_sm90_check_compiled_the_tiles_its_lists_offer_at_d_64_and_128(name):
     listed = set()
     for line in (gpu_results.GPU_DIR / "h200" / name).read_text().splitlines():
-        found = re.match(r"(fwd|dkdv|dq)\s+\S+\s+\d+\s+\S+\s+\S+\s+(\d+x\d+ w\d+ s\d+) \((\w+), d<=(\d+)\)", line)
+        found = re.match(r"(fwd|dkdv|dq)\s+\S+\s+\d+\s+\S+\s+\S+\s+(\d+x\d+ w\d+ s\d+) "
+                         r"\((\w+), d<=(\d+)\)", line)
         if found:
             kernel, tile, kind, max_d = found.groups()
             listed.add((kernel, tile, int(max_d), kind))
@@ -99,7 +101,8 @@ def test_retired_tiles_follow_the_head_dim_the_dtype_and_the_fixed_tiles():
              "dkdv": [["32x128 w8 s3", 128, "tc"]], "dq": [["64x32 w4 s3", 128, "tc"]]}
     assert gpu_results.offered_tiles(lists, "fwd", 64, "float16") == ["64x64 w4 s3", "128x128 w8 s3",
                                                                       "32x32 w4 s2", "16x16 w4 s1"]
-    assert gpu_results.offered_tiles(lists, "fwd", 65, "bfloat16") == ["64x64 w4 s3", "16x16 w4 s1"]  # pads to 128
+    # d = 65 pads to 128
+    assert gpu_results.offered_tiles(lists, "fwd", 65, "bfloat16") == ["64x64 w4 s3", "16x16 w4 s1"]
     assert gpu_results.offered_tiles(lists, "fwd", 64, "float32") == ["32x32 w4 s2", "16x16 w4 s1"]
     assert gpu_results.offered_tiles(lists, "fwd", 64, "float32", tf32=True)[0] == "64x64 w4 s3"
     assert gpu_results.offered_tiles(lists, "fwd", 64, "float64") == ["16x16 w4 s1"]
@@ -124,7 +127,8 @@ def test_current_tile_lists_offer_what_the_kernels_autotune_among():
         "for d, dtype, cores, fp64 in ((64, 'float16', True, False), (128, 'bfloat16', True, False),\n"
         "                              (64, 'float32', False, False), (128, 'float64', False, True)):\n"
         "    for k, t in lists.items():\n"
-        "        want = ['%dx%d w%d s%d' % (c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'], c.num_warps, c.num_stages)\n"
+        "        want = ['%dx%d w%d s%d' % (c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'],\n"
+        "                                   c.num_warps, c.num_stages)\n"
         "                for c in f.usable_configs(t, d, tensor_cores=cores, fp64=fp64)]\n"
         "        out.append([want, g.offered_tiles(now, k, d, dtype)])\n"
         "print(json.dumps(out))\n")

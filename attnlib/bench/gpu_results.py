@@ -195,7 +195,8 @@ def current_tile_lists():
 
     return {"commit": None, "note": "the library as installed",
             "small_problem": {"fwd": fixed(triton_flash.SMALL_PROBLEM_TILE),
-                              **{name: fixed(tile) for name, tile in triton_backward.SMALL_PROBLEM_TILES.items()}},
+                              **{name: fixed(tile)
+                                 for name, tile in triton_backward.SMALL_PROBLEM_TILES.items()}},
             "fwd": listed(triton_flash.FWD_TILES), "dkdv": listed(triton_backward.DKDV_TILES),
             "dq": listed(triton_backward.DQ_TILES)}
 
@@ -213,7 +214,8 @@ def offered_tiles(lists, kernel, d, dtype, tf32=False):
 
 
 def _autotuned(row):
-    """Whether the library's Triton kernels autotuned in ``row``: not the teaching kernel, not a small problem."""
+    """Whether the library's Triton kernels autotuned in ``row``: neither the teaching kernel nor a
+    small problem, which run fixed tiles."""
     return row["kernel"] == "triton" and row["status"] == "ok" and row["T"] * row["T"] >= 2**20
 
 

@@ -202,8 +202,8 @@ def _output_agrees(row, config, settings, inputs):
     Records the error and the tolerance in the row; a kernel that disagrees gets status
     "error" and no time.
     """
-    error, tolerance = kernels.check_against_reference(config.kernel, *inputs, config.causal, config.direction,
-                                                       tf32=settings.tf32)
+    error, tolerance = kernels.check_against_reference(config.kernel, *inputs, config.causal,
+                                                       config.direction, tf32=settings.tf32)
     row.update(check_error=error, check_tolerance=tolerance)
     if error <= tolerance:  # False for NaN too
         return True
