@@ -14,5 +14,10 @@ One idea per file; import the one you need (this package imports nothing, so
   (:class:`~.model.AttentionPointer`);
 - :mod:`.training`: one training step and a seeded, single-threaded loop;
 - :mod:`.recipes`: the book's models, their sizes, steps and seeds, and
-  :func:`~.recipes.trained_coreference_model`, the trained Task 1 model.
+  :func:`~.recipes.trained_coreference_model`, the trained Task 1 model;
+- :mod:`.ablation`: chapter 7's ablations (a head's output zeroed, a key blocked);
+- :mod:`.transformer`, :mod:`.induction`: chapter 11's decoder and its copying task;
+- :mod:`.patching`: chapter 11's zero and mean ablation and activation patching;
+- :mod:`.ch7_seeds`, :mod:`.sweep`: chapters 7 and 11 trained over many seeds, stored,
+  stamped data (``attnlib/data/learn/``) that the chapters read.
 """
