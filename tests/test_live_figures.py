@@ -59,12 +59,14 @@ def test_pick_query_matches_attnlib_attention():
         live.pick_query(THE_CAT_SAT, "dog")
 
 
-def test_the_exported_model_is_the_model_to_1e_7(small_model):
+def test_the_exported_model_is_the_model_to_1e_6(small_model):
+    """Rounding every weight to 9 significant digits moves the logits by about 1e-7 to 1e-6."""
     data = live.export_decoder(small_model)
     twin = live.exported_model(data)
     tokens = torch.randint(induction.VOCAB_SIZE, (3, 20), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        assert torch.allclose(twin(tokens), small_model(tokens), atol=1e-7, rtol=0)
+        difference = (twin(tokens) - small_model(tokens)).abs().max().item()
+    assert 0 < difference < 1e-6  # rounded (not the same tensors), and only by the rounding
     with pytest.raises(ValueError, match="attention-only decoder with RoPE"):
         live.export_decoder(recipes.induction_model(dict(recipes.INDUCTION, positions="learned")))
 
