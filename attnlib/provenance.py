@@ -20,10 +20,22 @@ def git_commit():
     None where the code does not run from a git checkout (an installed wheel) or git is missing.
     """
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPOSITORY,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{sha}-dirty" if dirty else sha
@@ -56,6 +68,7 @@ def stamp(command):
 
     try:
         import torch
+
         torch_version, threads = torch.__version__, torch.get_num_threads()
     except ImportError:  # pragma: no cover - torch is a requirement
         torch_version, threads = None, None

@@ -31,7 +31,9 @@ def test_zero_replacement_equals_zeroing_w_o(small):
     model, data = small
     n, t = data.tokens.shape
     zeros = torch.zeros(n, t, 16, dtype=torch.float64)
-    logits, _ = patching.run_with_heads(model, data.tokens, {(1, 0): (zeros, torch.ones(n, t, dtype=torch.bool))})
+    logits, _ = patching.run_with_heads(
+        model, data.tokens, {(1, 0): (zeros, torch.ones(n, t, dtype=torch.bool))}
+    )
     assert torch.allclose(logits, without_head(model, 1, 0)(data.tokens), atol=1e-12)
 
 
@@ -40,7 +42,9 @@ def test_replacement_only_where_asked(small):
     _, clean = patching.run_with_heads(model, data.tokens)
     where = torch.zeros(data.tokens.shape, dtype=torch.bool)
     where[:, 5] = True
-    _, patched = patching.run_with_heads(model, data.tokens, {(0, 0): (torch.full((16,), 7.0, dtype=torch.float64), where)})
+    _, patched = patching.run_with_heads(
+        model, data.tokens, {(0, 0): (torch.full((16,), 7.0, dtype=torch.float64), where)}
+    )
     assert torch.all(patched[(0, 0)][:, 5] == 7.0)
     assert torch.equal(patched[(0, 0)][:, :5], clean[(0, 0)][:, :5])
     assert torch.equal(patched[(0, 1)], clean[(0, 1)])  # block 0's other head is untouched
@@ -59,7 +63,9 @@ def test_mean_ablation_uses_the_mean(small):
     _, outputs = patching.run_with_heads(model, data.tokens)
     assert torch.allclose(means[(1, 1)], outputs[(1, 1)].mean(0))
     result = patching.ablation_accuracies(model, data)
-    assert set(result) == {"none"} | {(kind, l, h) for kind in ("zero", "mean") for l in (0, 1) for h in (0, 1)}
+    assert set(result) == {"none"} | {
+        (kind, l, h) for kind in ("zero", "mean") for l in (0, 1) for h in (0, 1)
+    }
     assert all(0 <= v <= 1 for v in result.values())
 
 
@@ -79,7 +85,9 @@ def test_patching_moves_the_copy_in_the_trained_model():
     data = recipes.induction_eval_data()
     induction_scores, previous_scores = induction.head_scores(model.attention_maps(data.tokens), data)
     previous = int(previous_scores[0].argmax())
-    result = patching.patching_experiment(model, data, previous, 1 - previous, torch.Generator().manual_seed(5))
+    result = patching.patching_experiment(
+        model, data, previous, 1 - previous, torch.Generator().manual_seed(5)
+    )
     follows = result["follows_patch"]
     assert follows["previous"] > 0.5 > follows["none"] + 0.3  # patched in, the copy follows the patch
     assert follows["other"] < follows["none"] + 0.1  # the other head carries nothing the copy needs
@@ -101,7 +109,9 @@ def test_stored_sweep_is_stamped_and_complete(stored):
     assert stamp["command"].startswith("python -m attnlib.learn.sweep")
     for field in ("date_utc", "torch_version", "cpu", "load_average"):
         assert stamp[field]
-    assert stored["recipe"] == {k: (list(v) if isinstance(v, tuple) else v) for k, v in recipes.INDUCTION.items()}
+    assert stored["recipe"] == {
+        k: (list(v) if isinstance(v, tuple) else v) for k, v in recipes.INDUCTION.items()
+    }
     seeds = {run["seed"] for run in stored["runs"]}
     assert len(seeds) >= 8
     for seed in seeds:
@@ -127,10 +137,22 @@ def test_stored_sweep_reproduces(stored):
 
 
 def test_formation_steps_follow_their_definition():
-    run = {"n_layers": 2, "n_heads": 2, "steps": 150, "curves": {
-        "step": [0, 50, 100, 150], "repeat_accuracy": [0.05, 0.2, 0.6, 0.9],
-        "previous": [[0.1, 0.1, 0.1, 0.1], [0.1, 0.35, 0.1, 0.1], [0.1, 0.5, 0.1, 0.1], [0.1, 0.5, 0.2, 0.1]],
-        "induction": [[0.0] * 4, [0.0, 0.0, 0.2, 0.1], [0.0, 0.0, 0.1, 0.4], [0.9, 0.9, 0.5, 0.6]]}}
+    run = {
+        "n_layers": 2,
+        "n_heads": 2,
+        "steps": 150,
+        "curves": {
+            "step": [0, 50, 100, 150],
+            "repeat_accuracy": [0.05, 0.2, 0.6, 0.9],
+            "previous": [
+                [0.1, 0.1, 0.1, 0.1],
+                [0.1, 0.35, 0.1, 0.1],
+                [0.1, 0.5, 0.1, 0.1],
+                [0.1, 0.5, 0.2, 0.1],
+            ],
+            "induction": [[0.0] * 4, [0.0, 0.0, 0.2, 0.1], [0.0, 0.0, 0.1, 0.4], [0.9, 0.9, 0.5, 0.6]],
+        },
+    }
     assert sweep.formed_at(run, "previous", 0) == 50
     assert sweep.formed_at(run, "induction", 1) == 100  # layer 0's 0.9 at step 150 does not count
     assert sweep.circuit_formed_at(run) == 100

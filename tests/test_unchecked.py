@@ -55,8 +55,12 @@ def test_metadata_checks_still_run(kind):
         with pytest.raises(DTypeError):
             attnlib.attention(q, k, v[..., :2].astype(np.float32) if kind == "numpy" else v.float())
         with pytest.raises(MaskError, match="broadcast"):
-            attnlib.attention(q, k, v, mask=(np.ones((5, 6), bool) if kind == "numpy"
-                                             else torch.ones(5, 6, dtype=torch.bool)))
+            attnlib.attention(
+                q,
+                k,
+                v,
+                mask=(np.ones((5, 6), bool) if kind == "numpy" else torch.ones(5, 6, dtype=torch.bool)),
+            )
         with pytest.raises(ValueError, match="backend"):
             attnlib.attention(q, k, v, backend="nope")
 
@@ -66,7 +70,9 @@ def test_same_answer_checked_and_unchecked():
     d_out = torch.ones_like(q)
     checked = attnlib.attention(q, k, v, causal=True), attnlib.attention_backward(q, k, v, d_out, causal=True)
     with attnlib.unchecked():
-        loose = attnlib.attention(q, k, v, causal=True), attnlib.attention_backward(q, k, v, d_out, causal=True)
+        loose = attnlib.attention(q, k, v, causal=True), attnlib.attention_backward(
+            q, k, v, d_out, causal=True
+        )
     assert torch.equal(checked[0], loose[0])
     for a, b in zip(checked[1], loose[1]):
         assert torch.equal(a, b)
@@ -115,5 +121,7 @@ def test_no_graph_breaks_under_torch_compile(backend):
     def checked(q, k, v):
         return attnlib.attention(q, k, v, causal=True, backend=backend)
 
-    assert torch._dynamo.explain(checked)(q, k, v).graph_break_count >= 1  # the checks sync: the test can fail
+    assert (
+        torch._dynamo.explain(checked)(q, k, v).graph_break_count >= 1
+    )  # the checks sync: the test can fail
     torch._dynamo.reset()

@@ -50,8 +50,10 @@ def run_with_heads(model, tokens, replace=None):
     replace = replace or {}
     for layer, head in replace:
         if not (0 <= layer < len(model.blocks) and 0 <= head < model.blocks[layer].attention.n_heads):
-            raise ValueError(f"replace names head {head} of block {layer}, which the model "
-                             f"({len(model.blocks)} blocks of {model.blocks[0].attention.n_heads} heads) lacks")
+            raise ValueError(
+                f"replace names head {head} of block {layer}, which the model "
+                f"({len(model.blocks)} blocks of {model.blocks[0].attention.n_heads} heads) lacks"
+            )
     x = model.embed(tokens)  # (B, T, d)
     outputs = {}
     for layer, block in enumerate(model.blocks):
@@ -174,9 +176,11 @@ def patching_experiment(model, data, previous_head, other_head, generator):
     def follows(logits):
         return (logits.argmax(-1) == key_tokens)[queries].double().mean().item()
 
-    result = {"clean_accuracy": repeat_accuracy(clean_logits, clean),
-              "follows_patch": {"none": follows(corrupt_logits)},
-              "clean_accuracy_patched": {}}
+    result = {
+        "clean_accuracy": repeat_accuracy(clean_logits, clean),
+        "follows_patch": {"none": follows(corrupt_logits)},
+        "clean_accuracy_patched": {},
+    }
     for name, head in (("previous", previous_head), ("other", other_head)):
         key = (0, head)
         patched, _ = run_with_heads(model, corrupted.tokens, {key: (clean_out[key], where)})

@@ -49,8 +49,14 @@ def train_seed(recipe, seed, steps, *, experiments=True):
     recipe = dict(recipe, seed=seed, steps=steps)
     model = recipes.induction_model(recipe)
     data = recipes.induction_eval_data(recipe)
-    curves = {"step": [], "repeat_accuracy": [], "repeat_loss": [], "other_loss": [],
-              "previous": [], "induction": []}
+    curves = {
+        "step": [],
+        "repeat_accuracy": [],
+        "repeat_loss": [],
+        "other_loss": [],
+        "previous": [],
+        "induction": [],
+    }
 
     def record(step, trained):
         scores = repeat_scores(trained, data)
@@ -69,10 +75,22 @@ def train_seed(recipe, seed, steps, *, experiments=True):
         done["step"] += recipe["eval_every"]
         return record(min(done["step"], steps), trained)
 
-    train(model, recipes.induction_batches(recipe), steps=steps, lr=recipe["lr"], seed=seed,
-          evaluate=evaluate, eval_every=recipe["eval_every"])
-    run = {"seed": seed, "n_layers": recipe["n_layers"], "n_heads": recipe["n_heads"], "steps": steps,
-           "curves": curves}
+    train(
+        model,
+        recipes.induction_batches(recipe),
+        steps=steps,
+        lr=recipe["lr"],
+        seed=seed,
+        evaluate=evaluate,
+        eval_every=recipe["eval_every"],
+    )
+    run = {
+        "seed": seed,
+        "n_layers": recipe["n_layers"],
+        "n_heads": recipe["n_heads"],
+        "steps": steps,
+        "curves": curves,
+    }
     if experiments:
         run["experiments"] = final_experiments(model, recipe, data, seed)
     return run
@@ -82,18 +100,29 @@ def final_experiments(model, recipe, data, seed):
     """Zero and mean ablation of every head, and (two blocks or more) the patching experiment."""
     with torch_threads(1):
         ablations = ablation_accuracies(model, data)
-        result = {"ablation": [{"kind": key[0], "layer": key[1], "head": key[2], "repeat_accuracy": round(v, 4)}
-                               for key, v in ablations.items() if key != "none"]}
+        result = {
+            "ablation": [
+                {"kind": key[0], "layer": key[1], "head": key[2], "repeat_accuracy": round(v, 4)}
+                for key, v in ablations.items()
+                if key != "none"
+            ]
+        }
         if recipe["n_layers"] >= 2:
             induction, previous = head_scores(model.attention_maps(data.tokens), data)
             previous_head = int(previous[0].argmax())
             other = 1 - previous_head if recipe["n_heads"] == 2 else int(previous[0].argmin())
-            patch = patching_experiment(model, data, previous_head, other,
-                                        torch.Generator().manual_seed(1000 + seed))
-            result["patching"] = {"previous_head": previous_head, "other_head": other,
-                                  "induction_head": int(induction[1].argmax()),
-                                  **{k: (round(v, 4) if isinstance(v, float) else {n: round(x, 4) for n, x in v.items()})
-                                     for k, v in patch.items()}}
+            patch = patching_experiment(
+                model, data, previous_head, other, torch.Generator().manual_seed(1000 + seed)
+            )
+            result["patching"] = {
+                "previous_head": previous_head,
+                "other_head": other,
+                "induction_head": int(induction[1].argmax()),
+                **{
+                    k: (round(v, 4) if isinstance(v, float) else {n: round(x, 4) for n, x in v.items()})
+                    for k, v in patch.items()
+                },
+            }
     return result
 
 
@@ -117,8 +146,14 @@ def sweep(seeds, steps, control_steps, *, jobs=1, log=print):
         for task in tasks:
             runs.append(_job(task))
             log(describe(runs[-1]))
-    return {"recipe": recipes.INDUCTION, "control_recipe": control, "budget": recipes.INDUCTION["steps"],
-            "formed_threshold": FORMED, "circuit_accuracy": CIRCUIT_ACCURACY, "runs": runs}
+    return {
+        "recipe": recipes.INDUCTION,
+        "control_recipe": control,
+        "budget": recipes.INDUCTION["steps"],
+        "formed_threshold": FORMED,
+        "circuit_accuracy": CIRCUIT_ACCURACY,
+        "runs": runs,
+    }
 
 
 def formed_at(run, rule, layer):
@@ -128,7 +163,7 @@ def formed_at(run, rule, layer):
     """
     heads = run["n_heads"]
     for step, scores in zip(run["curves"]["step"], run["curves"][rule]):
-        if max(scores[layer * heads:(layer + 1) * heads]) >= FORMED:
+        if max(scores[layer * heads : (layer + 1) * heads]) >= FORMED:
             return step
     return None
 
@@ -160,23 +195,35 @@ def summary(result):
     for run in result["runs"]:
         entry = by_seed.setdefault(run["seed"], {"seed": run["seed"]})
         if run["n_layers"] >= 2:
-            entry.update(previous_at=formed_at(run, "previous", 0), induction_at=formed_at(run, "induction", 1),
-                         circuit_at=circuit_formed_at(run), accuracy_budget=accuracy_at(run, budget),
-                         accuracy_end=run["curves"]["repeat_accuracy"][-1], steps=run["steps"])
+            entry.update(
+                previous_at=formed_at(run, "previous", 0),
+                induction_at=formed_at(run, "induction", 1),
+                circuit_at=circuit_formed_at(run),
+                accuracy_budget=accuracy_at(run, budget),
+                accuracy_end=run["curves"]["repeat_accuracy"][-1],
+                steps=run["steps"],
+            )
         else:
-            entry.update(control_budget=accuracy_at(run, budget),
-                         control_end=run["curves"]["repeat_accuracy"][-1], control_steps=run["steps"])
+            entry.update(
+                control_budget=accuracy_at(run, budget),
+                control_end=run["curves"]["repeat_accuracy"][-1],
+                control_steps=run["steps"],
+            )
     return [by_seed[s] for s in sorted(by_seed)]
 
 
 def describe(run):
     """A line about one run, for the log."""
     c = run["curves"]
-    line = (f"seed {run['seed']} layers {run['n_layers']} steps {run['steps']}: repeat accuracy "
-            f"{c['repeat_accuracy'][0]:.2f} -> {c['repeat_accuracy'][-1]:.2f}")
+    line = (
+        f"seed {run['seed']} layers {run['n_layers']} steps {run['steps']}: repeat accuracy "
+        f"{c['repeat_accuracy'][0]:.2f} -> {c['repeat_accuracy'][-1]:.2f}"
+    )
     if run["n_layers"] >= 2:
-        line += (f", previous-token head at {formed_at(run, 'previous', 0)}, induction head at "
-                 f"{formed_at(run, 'induction', 1)}, circuit at {circuit_formed_at(run)}")
+        line += (
+            f", previous-token head at {formed_at(run, 'previous', 0)}, induction head at "
+            f"{formed_at(run, 'induction', 1)}, circuit at {circuit_formed_at(run)}"
+        )
     return line
 
 
@@ -188,10 +235,18 @@ def load(path=DEFAULT_OUTPUT):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0-7", help="seeds, e.g. 0-7 or 0,3,5 (default 0-7)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="training steps of the two-block model (default: 3 x the recipe's)")
-    parser.add_argument("--control-steps", type=int, default=None,
-                        help="training steps of the one-block control (default: 2 x --steps)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps of the two-block model (default: 3 x the recipe's)",
+    )
+    parser.add_argument(
+        "--control-steps",
+        type=int,
+        default=None,
+        help="training steps of the one-block control (default: 2 x --steps)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once, one CPU thread each")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
@@ -206,7 +261,9 @@ def main(argv=None):
     provenance = stamp(command.strip())
     result = sweep(seeds, steps, control_steps, jobs=args.jobs)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"stamp": provenance, **result}, indent=None, separators=(",", ":")) + "\n")
+    args.output.write_text(
+        json.dumps({"stamp": provenance, **result}, indent=None, separators=(",", ":")) + "\n"
+    )
     print(f"wrote {args.output}")
 
 
