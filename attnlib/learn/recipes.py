@@ -157,3 +157,11 @@ def trained_induction_model():
     model = induction_model()
     history, snapshots = train_induction(model)
     return model, history, snapshots
+
+
+# The GPT on real text (attnlib.learn.gpt): chapter 11's decoder with its MLP and RoPE, one character a token,
+# trained on the King James Bible's training split; float32 weights and arithmetic. Held-out loss on a fixed
+# set of eval_windows windows of `context` + 1 characters, drawn with eval_seed.
+GPT = dict(tokenizer="characters", d_model=64, n_heads=4, n_layers=2, embedding_std=0.3, context=64,
+           batch_size=64, steps=3000, lr=3e-3, warmup_steps=100, final_lr_fraction=0.1, dtype="float32",
+           log_every=10, eval_every=500, eval_windows=1024, eval_seed=1000)
