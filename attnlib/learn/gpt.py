@@ -27,7 +27,7 @@ looks at the character before.
 - ``log.json``: the training loss every ``log_every`` steps (the mean over those steps,
   rounded to 4 decimals), the held-out loss every ``eval_every`` steps and at the end, the
   wall time, the parameter count, and the stamp (:func:`attnlib.provenance.stamp`) with the
-  seed and dtype added.
+  seed, dtype and wall time added.
 
 :func:`replay` trains the first steps of a fresh run again and returns its first logged
 losses, so that a reader (and ``tests/test_gpt.py``) can check that a stored log came from
@@ -220,9 +220,9 @@ def save(model, record, recipe, seed, output, command):
     weights = {name: tensor.detach().to(torch.float32).clone() for name, tensor in model.state_dict().items()}
     torch.save({"state_dict": weights, "recipe": dict(recipe), "seed": seed, "vocab": list(tokenizer().vocab)},
                output / "checkpoint.pt")
-    provenance = dict(stamp(command), seed=seed, dtype=recipe["dtype"])
+    provenance = dict(stamp(command), seed=seed, dtype=recipe["dtype"], wall_seconds=record["wall_seconds"])
     log = {"stamp": provenance, "recipe": dict(recipe), "seed": seed, "tokenizer": recipe["tokenizer"],
-           "heldout_windows": [recipe["eval_windows"], recipe["context"]], **record}
+           "heldout_windows": list(heldout_windows(recipe).shape), **record}
     (output / "log.json").write_text(json.dumps(log, indent=None, separators=(",", ":")) + "\n")
 
 
@@ -274,6 +274,7 @@ def main(argv=None):
         for line in evaluate(args.dir):
             print(line)
         return
+    torch.set_num_threads(1)  # one core per run, as the recipe's time is measured
     recipe = dict(recipes.GPT, steps=args.steps or recipes.GPT["steps"])
     command = "python -m attnlib.learn.gpt " + " ".join(argv if argv is not None else sys.argv[1:])
     model, record = train(args.seed, recipe, log=print)
