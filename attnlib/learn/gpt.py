@@ -197,7 +197,8 @@ def train(seed, recipe=recipes.GPT, *, stop_after=None, log=None):
                 recent = []
             done = step + 1
             if stop_after is None and (done % recipe["eval_every"] == 0 or done == steps):
-                record["heldout"].append([done, round(heldout_loss(model, heldout_windows(recipe)), LOSS_DIGITS)])
+                heldout = heldout_loss(model, heldout_windows(recipe))
+                record["heldout"].append([done, round(heldout, LOSS_DIGITS)])
                 if log is not None:
                     log(f"step {done}: training loss {record['losses'][-1]:.4f}, held-out "
                         f"{record['heldout'][-1][1]:.4f} nats/char, {time.perf_counter() - start:.0f} s")
@@ -208,7 +209,7 @@ def train(seed, recipe=recipes.GPT, *, stop_after=None, log=None):
 
 
 def replay(seed, steps, recipe=recipes.GPT):
-    """The first ``steps`` logged losses of a fresh run with ``seed`` (``steps * log_every`` training steps)."""
+    """The first ``steps`` logged losses of a fresh run with ``seed``: ``steps * log_every`` training steps."""
     _, record = train(seed, recipe, stop_after=steps * recipe["log_every"])
     return record["losses"][:steps]
 
@@ -218,8 +219,8 @@ def save(model, record, recipe, seed, output, command):
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     weights = {name: tensor.detach().to(torch.float32).clone() for name, tensor in model.state_dict().items()}
-    torch.save({"state_dict": weights, "recipe": dict(recipe), "seed": seed, "vocab": list(tokenizer().vocab)},
-               output / "checkpoint.pt")
+    checkpoint = {"state_dict": weights, "recipe": dict(recipe), "seed": seed, "vocab": list(tokenizer().vocab)}
+    torch.save(checkpoint, output / "checkpoint.pt")
     provenance = dict(stamp(command), seed=seed, dtype=recipe["dtype"], wall_seconds=record["wall_seconds"])
     log = {"stamp": provenance, "recipe": dict(recipe), "seed": seed, "tokenizer": recipe["tokenizer"],
            "heldout_windows": list(heldout_windows(recipe).shape), **record}
@@ -266,7 +267,8 @@ def main(argv=None):
     train_parser = commands.add_parser("train", help="train the recipe from scratch and write a checkpoint")
     train_parser.add_argument("--seed", type=int, required=True)
     train_parser.add_argument("--output", type=Path, required=True)
-    train_parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+    train_parser.add_argument("--steps", type=int, default=None,
+                              help="training steps (default: the recipe's)")
     evaluate_parser = commands.add_parser("evaluate", help="held-out loss of every stored checkpoint")
     evaluate_parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     args = parser.parse_args(argv)
@@ -277,7 +279,7 @@ def main(argv=None):
     torch.set_num_threads(1)  # one core per run, as the recipe's time is measured
     recipe = dict(recipes.GPT, steps=args.steps or recipes.GPT["steps"])
     command = "python -m attnlib.learn.gpt " + " ".join(argv if argv is not None else sys.argv[1:])
-    model, record = train(args.seed, recipe, log=print)
+    model, record = train(args.seed, recipe, log=functools.partial(print, flush=True))
     save(model, record, recipe, args.seed, args.output, command.strip())
     print(f"seed {args.seed}: held-out {record['heldout_nats_per_char']:.3f} nats/char after "
           f"{recipe['steps']} steps in {record['wall_seconds']:.0f} s; wrote {args.output}")
