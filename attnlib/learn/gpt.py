@@ -209,7 +209,7 @@ def train(seed, recipe=recipes.GPT, *, stop_after=None, log=None):
 
 
 def replay(seed, steps, recipe=recipes.GPT):
-    """The first ``steps`` logged losses of a fresh run with ``seed``: ``steps * log_every`` training steps."""
+    """The first ``steps`` logged losses of a fresh run with ``seed`` (``steps * log_every`` steps trained)."""
     _, record = train(seed, recipe, stop_after=steps * recipe["log_every"])
     return record["losses"][:steps]
 
@@ -219,7 +219,8 @@ def save(model, record, recipe, seed, output, command):
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     weights = {name: tensor.detach().to(torch.float32).clone() for name, tensor in model.state_dict().items()}
-    checkpoint = {"state_dict": weights, "recipe": dict(recipe), "seed": seed, "vocab": list(tokenizer().vocab)}
+    checkpoint = {"state_dict": weights, "recipe": dict(recipe), "seed": seed,
+                  "vocab": list(tokenizer().vocab)}
     torch.save(checkpoint, output / "checkpoint.pt")
     provenance = dict(stamp(command), seed=seed, dtype=recipe["dtype"], wall_seconds=record["wall_seconds"])
     log = {"stamp": provenance, "recipe": dict(recipe), "seed": seed, "tokenizer": recipe["tokenizer"],
