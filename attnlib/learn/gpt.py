@@ -209,7 +209,7 @@ def train(seed, recipe=recipes.GPT, *, stop_after=None, log=None):
 
 
 def replay(seed, steps, recipe=recipes.GPT):
-    """The first ``steps`` logged losses of a fresh run with ``seed`` (``steps * log_every`` steps trained)."""
+    """The first ``steps`` logged losses of a fresh run with ``seed`` (``steps * log_every`` steps)."""
     _, record = train(seed, recipe, stop_after=steps * recipe["log_every"])
     return record["losses"][:steps]
 
