@@ -19,5 +19,8 @@ One idea per file; import the one you need (this package imports nothing, so
 - :mod:`.transformer`, :mod:`.induction`: chapter 11's decoder and its copying task;
 - :mod:`.patching`: chapter 11's zero and mean ablation and activation patching;
 - :mod:`.ch7_seeds`, :mod:`.sweep`: chapters 7 and 11 trained over many seeds, stored,
-  stamped data (``attnlib/data/learn/``) that the chapters read.
+  stamped data (``attnlib/data/learn/``) that the chapters read;
+- :mod:`.gpt`: a character-level GPT on the King James Bible (:mod:`attnlib.text`), trained
+  and evaluated from the command line, its checkpoints stored in ``attnlib/data/gpt/``
+  (the foundation of a chapter not yet written).
 """
