@@ -14,28 +14,20 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
+def _git(*args):
+    """The output of ``git ARGS`` run in the repository, stripped."""
+    done = subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True, timeout=10, check=True)
+    return done.stdout.strip()
+
+
 def git_commit():
     """The repository's commit, ``"<sha>"``, or ``"<sha>-dirty"`` with uncommitted changes to tracked files.
 
     None where the code does not run from a git checkout (an installed wheel) or git is missing.
     """
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        sha = _git("rev-parse", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{sha}-dirty" if dirty else sha

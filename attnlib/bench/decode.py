@@ -43,7 +43,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import provenance
 from . import devices, report, timing
 from .sweep import cpu_threads
 
@@ -98,8 +97,8 @@ DECODE_COLUMNS = {
     "flag": str,  # why the row's time is not to be trusted; empty when it looks sound
 }
 
-# The stamp: the main benchmark's fields, and the commit of the code that measured (None in old files).
-DECODE_STAMP_COLUMNS = {**report.STAMP_COLUMNS, "git_commit": str}
+# The stamp: the main benchmark's fields, the commit of the code that measured among them (None in old files).
+DECODE_STAMP_COLUMNS = report.STAMP_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -420,7 +419,6 @@ def main(argv=None):
     command = " ".join(["python", "-m", "attnlib.bench.decode", *(sys.argv[1:] if argv is None else argv)])
     stamp = report.make_stamp(device="cpu", device_name=devices.device_name("cpu"), tf32=False,
                               dtypes=[options["dtype"]], command=command, threads=1)
-    stamp["git_commit"] = provenance.git_commit()
     print(f"# {stamp['device_name']} | torch {stamp['torch_version']} | one thread | preset {args.preset} | "
           f"load average {stamp['load_average']} | {stamp['date_utc']} | commit {stamp['git_commit']}")
     with cpu_threads(1):
