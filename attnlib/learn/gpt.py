@@ -48,7 +48,7 @@ from torch.nn import functional
 
 from ..provenance import stamp
 from ..text import corpus
-from ..text.bpe import CharTokenizer
+from ..text.bpe import BPE, CharTokenizer, train_bpe
 from . import recipes
 from .training import perturb_initial_weights, torch_threads, training_step
 from .transformer import Decoder
@@ -64,16 +64,34 @@ def text_split():
 
 
 @functools.cache
-def tokenizer():
-    """One token per character of the training text (63 characters; the held-out text uses no other)."""
-    return CharTokenizer.from_text(text_split()[0])
+def tokenizer(kind="characters", bpe_merges=0):
+    """The tokenizer of a recipe, learned from the training text.
+
+    ``kind="characters"``: one token per character (63 characters; the held-out text uses no
+    other). ``kind="bpe"``: those characters and ``bpe_merges`` byte-pair merges
+    (:func:`attnlib.text.bpe.train_bpe`).
+    """
+    if kind == "characters":
+        return CharTokenizer.from_text(text_split()[0])
+    if kind == "bpe":
+        return train_bpe(text_split()[0], bpe_merges)
+    raise ValueError(f"tokenizer kind must be 'characters' or 'bpe', got {kind!r}")
+
+
+def recipe_tokenizer(recipe):
+    """The tokenizer ``recipe`` names (its ``tokenizer`` and, for BPE, ``bpe_merges``)."""
+    return tokenizer(recipe["tokenizer"], recipe.get("bpe_merges", 0))
 
 
 @functools.cache
-def encoded(part):
-    """The ids of ``part`` ("train" or "held_out") as a LongTensor (n_characters,)."""
+def encoded(part, kind="characters", bpe_merges=0):
+    """The ids of ``part`` ("train" or "held_out") as a LongTensor (n_tokens,)."""
     train, held_out = text_split()
-    return torch.tensor(tokenizer().encode({"train": train, "held_out": held_out}[part]))
+    return torch.tensor(tokenizer(kind, bpe_merges).encode({"train": train, "held_out": held_out}[part]))
+
+
+def recipe_encoded(part, recipe):
+    return encoded(part, recipe["tokenizer"], recipe.get("bpe_merges", 0))
 
 
 def random_windows(ids, n, length, generator):
@@ -83,8 +101,9 @@ def random_windows(ids, n, length, generator):
 
 
 @functools.cache
-def _seeded_windows(n, length, seed):
-    return random_windows(encoded("held_out"), n, length, torch.Generator().manual_seed(seed))
+def _seeded_windows(n, length, seed, kind="characters", bpe_merges=0):
+    ids = encoded("held_out", kind, bpe_merges)
+    return random_windows(ids, n, length, torch.Generator().manual_seed(seed))
 
 
 def heldout_windows(recipe=recipes.GPT):
@@ -92,12 +111,13 @@ def heldout_windows(recipe=recipes.GPT):
 
     Like a training window, each holds ``context`` inputs and the ``context`` characters they predict.
     """
-    return _seeded_windows(recipe["eval_windows"], recipe["context"] + 1, recipe["eval_seed"])
+    return _seeded_windows(recipe["eval_windows"], recipe["context"] + 1, recipe["eval_seed"],
+                           recipe["tokenizer"], recipe.get("bpe_merges", 0))
 
 
 def build_model(recipe=recipes.GPT, seed=0):
     """The recipe's untrained decoder (chapter 11's, with its MLP and RoPE), weights seeded by ``seed``."""
-    return Decoder(len(tokenizer().vocab), recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
+    return Decoder(len(recipe_tokenizer(recipe).vocab), recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
                    positions="rope", mlp=True, embedding_std=recipe["embedding_std"], seed=seed,
                    dtype=getattr(torch, recipe["dtype"]))
 
@@ -182,7 +202,8 @@ def train(seed, recipe=recipes.GPT, *, stop_after=None, log=None):
     perturb_initial_weights(model)  # nothing unless a test asks for it (see attnlib.learn.training)
     optimizer = torch.optim.Adam(model.parameters(), lr=recipe["lr"])
     generator = torch.Generator().manual_seed(seed)  # the batches' order
-    train_ids, length = encoded("train"), recipe["context"] + 1
+    train_ids, length = recipe_encoded("train", recipe), recipe["context"] + 1
+    vocab = None if recipe["tokenizer"] == "characters" else recipe_tokenizer(recipe).vocab
     steps = recipe["steps"] if stop_after is None else min(stop_after, recipe["steps"])
     record = {"losses": [], "heldout": []}
     recent = []
@@ -197,7 +218,7 @@ def train(seed, recipe=recipes.GPT, *, stop_after=None, log=None):
                 recent = []
             done = step + 1
             if stop_after is None and (done % recipe["eval_every"] == 0 or done == steps):
-                heldout = heldout_loss(model, heldout_windows(recipe))
+                heldout = heldout_loss(model, heldout_windows(recipe), vocab)
                 record["heldout"].append([done, round(heldout, LOSS_DIGITS)])
                 if log is not None:
                     log(f"step {done}: training loss {record['losses'][-1]:.4f}, held-out "
@@ -219,8 +240,10 @@ def save(model, record, recipe, seed, output, command):
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     weights = {name: tensor.detach().to(torch.float32).clone() for name, tensor in model.state_dict().items()}
-    checkpoint = {"state_dict": weights, "recipe": dict(recipe), "seed": seed,
-                  "vocab": list(tokenizer().vocab)}
+    used = recipe_tokenizer(recipe)
+    checkpoint = {"state_dict": weights, "recipe": dict(recipe), "seed": seed, "vocab": list(used.vocab)}
+    if isinstance(used, BPE):
+        checkpoint["merges"] = [list(pair) for pair in used.merges]
     torch.save(checkpoint, output / "checkpoint.pt")
     provenance = dict(stamp(command), seed=seed, dtype=recipe["dtype"], wall_seconds=record["wall_seconds"])
     log = {"stamp": provenance, "recipe": dict(recipe), "seed": seed, "tokenizer": recipe["tokenizer"],
@@ -229,16 +252,23 @@ def save(model, record, recipe, seed, output, command):
 
 
 def load(directory):
-    """``(model, tokenizer, log)`` from a folder ``train`` wrote; the model in float32, in eval mode."""
+    """``(model, tokenizer, log)`` from a folder ``train`` wrote; the model in float32, in eval mode.
+
+    The tokenizer is a :class:`~attnlib.text.bpe.CharTokenizer`, or a :class:`~attnlib.text.bpe.BPE`
+    for a run of the BPE recipe.
+    """
     directory = Path(directory)
     checkpoint = torch.load(directory / "checkpoint.pt", weights_only=True)
     recipe = dict(checkpoint["recipe"], dtype="float32")
-    char_tokenizer = CharTokenizer(checkpoint["vocab"])
-    model = Decoder(len(char_tokenizer.vocab), recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
+    if "merges" in checkpoint:
+        used = BPE(checkpoint["vocab"], [tuple(pair) for pair in checkpoint["merges"]])
+    else:
+        used = CharTokenizer(checkpoint["vocab"])
+    model = Decoder(len(used.vocab), recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
                     positions="rope", mlp=True, embedding_std=recipe["embedding_std"], dtype=torch.float32)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
-    return model, char_tokenizer, json.loads((directory / "log.json").read_text())
+    return model, used, json.loads((directory / "log.json").read_text())
 
 
 def stored_seeds(directory=DEFAULT_DIR):
@@ -270,6 +300,8 @@ def main(argv=None):
     train_parser.add_argument("--output", type=Path, required=True)
     train_parser.add_argument("--steps", type=int, default=None,
                               help="training steps (default: the recipe's)")
+    train_parser.add_argument("--tokenizer", choices=["characters", "bpe"], default="characters",
+                              help="characters (the recipe GPT, the default) or bpe (GPT_BPE)")
     evaluate_parser = commands.add_parser("evaluate", help="held-out loss of every stored checkpoint")
     evaluate_parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     args = parser.parse_args(argv)
@@ -278,7 +310,8 @@ def main(argv=None):
             print(line)
         return
     torch.set_num_threads(1)  # one core per run, as the recipe's time is measured
-    recipe = dict(recipes.GPT, steps=args.steps or recipes.GPT["steps"])
+    base = recipes.GPT if args.tokenizer == "characters" else recipes.GPT_BPE
+    recipe = dict(base, steps=args.steps or base["steps"])
     command = "python -m attnlib.learn.gpt " + " ".join(argv if argv is not None else sys.argv[1:])
     model, record = train(args.seed, recipe, log=functools.partial(print, flush=True))
     save(model, record, recipe, args.seed, args.output, command.strip())

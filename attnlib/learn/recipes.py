@@ -165,3 +165,6 @@ def trained_induction_model():
 GPT = dict(tokenizer="characters", d_model=64, n_heads=4, n_layers=2, embedding_std=0.3, context=64,
            batch_size=64, steps=3000, lr=3e-3, warmup_steps=100, final_lr_fraction=0.1, dtype="float32",
            log_every=10, eval_every=500, eval_windows=1024, eval_seed=1000)
+# The same model and budget on byte-pair tokens (chapter 13's comparison): the characters and 256 merges
+# learned from the training text, so a window of `context` tokens holds about 2.4 times as many characters.
+GPT_BPE = dict(GPT, tokenizer="bpe", bpe_merges=256)
