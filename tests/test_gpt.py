@@ -94,3 +94,19 @@ def test_heldout_loss_is_per_character_when_tokens_hold_several(stored):
     per_token = gpt.heldout_loss(model, windows)
     two_characters_each = [token * 2 for token in tokenizer.vocab]
     assert gpt.heldout_loss(model, windows, vocab=two_characters_each) == pytest.approx(per_token / 2)
+
+
+def test_the_stored_bpe_runs_replay_and_beat_the_character_model_per_character():
+    from attnlib.text.bpe import BPE
+
+    runs = {seed: gpt.load(folder) for seed, folder in gpt.stored_seeds(gpt.DEFAULT_DIR / "bpe").items()}
+    assert runs, "no stored BPE run"
+    model, tokenizer, log = runs[min(runs)]
+    assert isinstance(tokenizer, BPE) and log["recipe"] == recipes.GPT_BPE
+    assert tokenizer.merges == gpt.recipe_tokenizer(recipes.GPT_BPE).merges  # relearned identically
+    assert gpt.replay(min(runs), 2, recipes.GPT_BPE) == log["losses"][:2]
+    windows = gpt.heldout_windows(recipes.GPT_BPE)
+    again = gpt.heldout_loss(model, windows, tokenizer.vocab)  # nats per character, not per token
+    assert again == pytest.approx(log["heldout_nats_per_char"], abs=1e-3)
+    assert max(r[2]["heldout_nats_per_char"] for r in runs.values()) < min(
+        gpt.load(f)[2]["heldout_nats_per_char"] for f in gpt.stored_seeds().values())

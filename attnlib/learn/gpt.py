@@ -116,10 +116,11 @@ def heldout_windows(recipe=recipes.GPT):
 
 
 def build_model(recipe=recipes.GPT, seed=0):
-    """The recipe's untrained decoder (chapter 11's, with its MLP and RoPE), weights seeded by ``seed``."""
-    return Decoder(len(recipe_tokenizer(recipe).vocab), recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
-                   positions="rope", mlp=True, embedding_std=recipe["embedding_std"], seed=seed,
-                   dtype=getattr(torch, recipe["dtype"]))
+    """The recipe's untrained decoder (chapter 11's, MLP and RoPE), weights seeded by ``seed``."""
+    vocab_size = len(recipe_tokenizer(recipe).vocab)
+    return Decoder(vocab_size, recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
+                   positions="rope", mlp=True, embedding_std=recipe["embedding_std"],
+                   seed=seed, dtype=getattr(torch, recipe["dtype"]))
 
 
 def parameter_count(model):
