@@ -1,0 +1,179 @@
+"""Pictures of how attention runs on a GPU, for the opening pages of chapters 8 to 10.
+
+Each function draws one diagram with matplotlib and returns its figure; none reads data.
+
+- :func:`plot_naive_vs_fused`: the naive path writes the (T, T) scores to GPU memory and
+  reads them back; a fused kernel keeps one tile of them on the chip.
+- :func:`plot_tile_stream`: one tile of queries held on the chip while tiles of keys and
+  values stream past it, updating the running maximum, sum and output.
+- :func:`plot_backward_flow`: what the backward pass reads, recomputes and writes.
+"""
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+CHIP = "#fde9c8"  # on-chip memory (registers, shared memory)
+HBM = "#dde7f3"  # the GPU's main memory
+QUERY = "#6a51a3"
+KEY = "#2b8cbe"
+VALUE = "#41ab5d"
+SCORE = "#d62728"
+
+
+def _box(ax, x, y, w, h, colour, label=None, fontsize=9, edge="black", **text):
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=colour,
+                                ec=edge, lw=1))
+    if label:
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=fontsize,
+                **text)
+
+
+def _arrow(ax, start, end, colour="black", style="-|>", **kwargs):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=12,
+                                 color=colour, lw=1.3, **kwargs))
+
+
+def _tiles(ax, x, y, n, w, h, colour, gap=0.05, alpha=1.0):
+    for i in range(n):
+        ax.add_patch(Rectangle((x + i * (w + gap), y), w, h, fc=colour, ec="white",
+                               alpha=alpha))
+
+
+def _blank(ax, xlim=(0, 10), ylim=(0, 6)):
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def plot_naive_vs_fused(figsize=(10, 4.2)):
+    """Two panels: the naive path's round trips of the T x T matrix through GPU memory,
+    and a fused kernel that reads Q, K, V once and writes only O."""
+    fig, (naive, fused) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    for ax, title in ((naive, "naive path: three kernels"),
+                      (fused, "fused kernel: one pass")):
+        _blank(ax)
+        ax.set_title(title, fontsize=11)
+        _box(ax, 0.2, 0.2, 9.6, 2.2, HBM, None)
+        ax.text(0.4, 0.45, "GPU memory (HBM): large, slower", fontsize=8, va="bottom")
+        _box(ax, 0.2, 3.6, 9.6, 2.2, CHIP, None)
+        ax.text(0.4, 5.45, "on the chip: small, fast", fontsize=8, va="bottom")
+    # naive: Q, K, V, the T x T scores and the weights all sit in HBM
+    for i, (name, colour) in enumerate((("Q", QUERY), ("K", KEY), ("V", VALUE))):
+        _box(naive, 0.5 + i * 0.8, 1.0, 0.6, 1.0, colour, name, color="white")
+    _box(naive, 3.4, 0.8, 1.5, 1.5, SCORE, "scores\nT × T", fontsize=8, color="white")
+    _box(naive, 5.3, 0.8, 1.5, 1.5, "#f4a582", "weights\nT × T", fontsize=8)
+    _box(naive, 8.4, 1.0, 0.6, 1.0, "#969696", "O", color="white")
+    # each kernel: where it reads from, where it sits, where it writes to
+    steps = (("QKᵀ", 1.3, 1.9, 4.15), ("softmax", 4.15, 5.05, 6.05),
+             ("× V", 6.05, 8.0, 8.7))
+    for label, x_from, x_box, x_out in steps:
+        _box(naive, x_box - 0.55, 4.1, 1.3, 0.8, "white", label, fontsize=8)
+        _arrow(naive, (x_from, 2.35), (x_box - 0.2, 4.05))
+        _arrow(naive, (x_box + 0.5, 4.05), (x_out, 2.35), colour=SCORE)
+    naive.text(5.0, 3.05, "the T × T matrix is written, then read back", ha="center",
+               fontsize=8, color=SCORE)
+    # fused: one tile of scores lives on the chip; HBM sees only Q, K, V and O
+    for i, (name, colour) in enumerate((("Q", QUERY), ("K", KEY), ("V", VALUE))):
+        _box(fused, 0.5 + i * 0.8, 1.0, 0.6, 1.0, colour, name, color="white")
+    _box(fused, 8.4, 1.0, 0.6, 1.0, "#969696", "O", color="white")
+    _box(fused, 3.6, 3.95, 2.8, 1.2, "white", None)
+    _tiles(fused, 3.8, 4.15, 4, 0.55, 0.55, SCORE, gap=0.1)
+    fused.text(5.0, 4.95, "one tile of scores at a time", ha="center", fontsize=8)
+    _arrow(fused, (1.6, 2.1), (3.7, 4.0))
+    _arrow(fused, (6.3, 4.0), (8.6, 2.1), colour="#636363")
+    fused.text(5.0, 3.05, "no T × T matrix in GPU memory", ha="center", fontsize=8,
+               color="#636363")
+    return fig
+
+
+def plot_tile_stream(n_key_tiles=5, figsize=(9.5, 4.4)):
+    """One tile of queries held on the chip while tiles of keys and values stream past;
+    each tile of keys updates the running m, l and a of every query row of the tile."""
+    if n_key_tiles < 2:
+        raise ValueError(f"n_key_tiles must be at least 2, got {n_key_tiles}")
+    fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    _blank(ax, (0, 12), (0, 6.2))
+    _box(ax, 0.2, 0.2, 11.6, 1.9, HBM, None)
+    ax.text(0.4, 0.35, "GPU memory: K and V, cut into tiles", fontsize=8)
+    _box(ax, 0.2, 3.0, 11.6, 3.0, CHIP, None)
+    ax.text(0.4, 5.65, "on the chip, one program", fontsize=8)
+    # the stream of key and value tiles in HBM
+    tile_w = 1.6
+    for i in range(n_key_tiles):
+        x = 2.0 + i * (tile_w + 0.35)
+        done = i < 2
+        current = i == 2
+        alpha = 0.35 if done else 1.0
+        ax.add_patch(Rectangle((x, 1.15), tile_w, 0.45, fc=KEY, ec="white", alpha=alpha))
+        ax.add_patch(Rectangle((x, 0.7), tile_w, 0.45, fc=VALUE, ec="white", alpha=alpha))
+        if i == 0:
+            ax.text(x - 0.15, 1.37, "K", ha="right", va="center", fontsize=9)
+            ax.text(x - 0.15, 0.92, "V", ha="right", va="center", fontsize=9)
+        label = "done" if done else ("now" if current else "next")
+        ax.text(x + tile_w / 2, 1.75, label, ha="center", fontsize=7, color="#444444")
+        if current:
+            _arrow(ax, (x + tile_w / 2, 1.95), (6.1, 3.45))
+    # the query tile, held for the whole loop
+    _box(ax, 0.6, 3.5, 1.8, 1.8, QUERY, "tile of\nqueries\n(held)", fontsize=8,
+         color="white")
+    # the scores of this tile pair, then the running state
+    _box(ax, 4.6, 3.5, 2.2, 1.8, SCORE, "scores of\nquery tile ×\nkey tile", fontsize=8,
+         color="white")
+    _arrow(ax, (2.5, 4.4), (4.5, 4.4))
+    _box(ax, 8.2, 3.5, 3.2, 1.8, "white", "running, per query row:\nmax m, sum ℓ,\n"
+         "weighted sum a", fontsize=8)
+    _arrow(ax, (6.9, 4.4), (8.1, 4.4))
+    ax.text(9.8, 2.55, "after the last tile: O = a / ℓ, written once", ha="center",
+            fontsize=8)
+    ax.set_title("A fused kernel: a tile of queries stays on the chip, "
+                 "tiles of keys and values stream past", fontsize=10)
+    return fig
+
+
+def plot_backward_flow(figsize=(10, 4.6)):
+    """The backward pass's data flow: what the forward kept, what the backward recomputes
+    block by block, and the three gradients it writes."""
+    fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    _blank(ax, (0, 13), (0, 6.4))
+
+    def node(x, y, label, colour="white", w=1.5, h=0.8, **text):
+        _box(ax, x - w / 2, y - h / 2, w, h, colour, label, fontsize=9, **text)
+
+    # inputs kept from the forward pass
+    ax.text(1.2, 6.0, "kept from the forward", ha="center", fontsize=8)
+    node(1.2, 5.1, "Q", QUERY, color="white")
+    node(1.2, 4.0, "K", KEY, color="white")
+    node(1.2, 2.9, "V", VALUE, color="white")
+    node(1.2, 1.8, "O", "#969696", color="white")
+    node(1.2, 0.7, "lse", "#bdbdbd")
+    # handed in by autograd
+    ax.text(5.0, 6.0, "from the loss", ha="center", fontsize=8)
+    node(5.0, 5.1, "dO", "#fdd0a2")
+    # recomputed
+    ax.text(7.3, 3.75, "recomputed, a block at a time", ha="center", fontsize=8)
+    node(4.0, 2.9, "S → P", SCORE, color="white")
+    node(6.2, 1.8, "D = rowsum(dO∘O)", w=2.6)
+    node(6.3, 2.9, "dP = dO Vᵀ")
+    node(8.6, 2.9, "dS̃ = P∘(dP − D)", w=2.4)
+    for start, end in (((1.95, 5.1), (3.4, 3.2)), ((1.95, 4.0), (3.3, 3.0)),
+                       ((1.95, 0.7), (3.4, 2.6)), ((5.0, 4.7), (6.1, 3.3)),
+                       ((1.95, 1.8), (4.9, 1.8)),
+                       ((5.0, 4.7), (5.9, 2.2)), ((4.75, 2.9), (5.55, 2.9)),
+                       ((7.05, 2.9), (7.4, 2.9)), ((6.2, 2.2), (7.9, 2.55))):
+        _arrow(ax, start, end, colour="#636363")
+    # V reaches dP under the S -> P box
+    _arrow(ax, (1.95, 2.8), (5.8, 2.5), colour="#636363",
+           connectionstyle="arc3,rad=0.12")
+    # gradients written
+    ax.text(11.7, 6.0, "written", ha="center", fontsize=8)
+    node(11.7, 5.1, "dV = Pᵀ dO", "#fdd0a2", w=2.2)
+    node(11.7, 3.6, "dQ = scale · dS̃ K", "#fdd0a2", w=2.4)
+    node(11.7, 2.1, "dK = scale · dS̃ᵀ Q", "#fdd0a2", w=2.4)
+    _arrow(ax, (4.3, 3.3), (10.5, 5.0), colour=SCORE)  # P to dV
+    _arrow(ax, (5.7, 5.1), (10.55, 5.1), colour="#636363")  # dO to dV
+    _arrow(ax, (9.8, 2.95), (10.45, 3.5), colour=SCORE)
+    _arrow(ax, (9.8, 2.85), (10.45, 2.2), colour=SCORE)
+    ax.set_title("The backward pass: the T × T blocks (red) exist only inside one "
+                 "block's work", fontsize=10)
+    return fig
