@@ -50,8 +50,8 @@ def plot_naive_vs_fused(figsize=(10, 4.2)):
     """Two panels: the naive path's round trips of the T x T matrix through GPU memory,
     and a fused kernel that reads Q, K, V once and writes only O."""
     fig, (naive, fused) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
-    for ax, title in ((naive, "naive path: three kernels"),
-                      (fused, "fused kernel: one pass")):
+    for ax, title in ((naive, "naive path: three kernels,\nthe T × T matrices through GPU memory"),
+                      (fused, "fused kernel: one pass,\nno T × T matrix in GPU memory")):
         _blank(ax)
         ax.set_title(title, fontsize=11)
         _box(ax, 0.2, 0.2, 9.6, 2.2, HBM, None)
@@ -71,19 +71,15 @@ def plot_naive_vs_fused(figsize=(10, 4.2)):
         _box(naive, x_box - 0.55, 4.1, 1.3, 0.8, "white", label, fontsize=8)
         _arrow(naive, (x_from, 2.35), (x_box - 0.2, 4.05))
         _arrow(naive, (x_box + 0.5, 4.05), (x_out, 2.35), colour=SCORE)
-    naive.text(5.0, 3.05, "the T × T matrix is written, then read back", ha="center",
-               fontsize=8, color=SCORE)
     # fused: one tile of scores lives on the chip; HBM sees only Q, K, V and O
     for i, (name, colour) in enumerate((("Q", QUERY), ("K", KEY), ("V", VALUE))):
         _box(fused, 0.5 + i * 0.8, 1.0, 0.6, 1.0, colour, name, color="white")
     _box(fused, 8.4, 1.0, 0.6, 1.0, "#969696", "O", color="white")
-    _box(fused, 3.6, 3.95, 2.8, 1.2, "white", None)
-    _tiles(fused, 3.8, 4.15, 4, 0.55, 0.55, SCORE, gap=0.1)
-    fused.text(5.0, 4.95, "one tile of scores at a time", ha="center", fontsize=8)
+    _box(fused, 3.3, 3.85, 3.4, 1.4, "white", None)
+    _tiles(fused, 3.85, 4.0, 4, 0.5, 0.5, SCORE, gap=0.1)
+    fused.text(5.0, 4.75, "one tile of scores at a time", ha="center", fontsize=8)
     _arrow(fused, (1.6, 2.1), (3.7, 4.0))
     _arrow(fused, (6.3, 4.0), (8.6, 2.1), colour="#636363")
-    fused.text(5.0, 3.05, "no T × T matrix in GPU memory", ha="center", fontsize=8,
-               color="#636363")
     return fig
 
 
