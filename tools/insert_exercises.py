@@ -35,6 +35,7 @@ CHAPTERS = {
     10: "10_backward_pass",
     11: "11_attention_inside_a_transformer",
     12: "12_generating_text",
+    13: "13_a_gpt_that_writes",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (

@@ -11,7 +11,7 @@ True
 Four kinds of exercise: *by hand* (a number worked out on paper), *implement*
 (a function), *find the bug* (a short function with one classic mistake) and
 *predict* (an answer given before computing). Each chapter's file
-(``ch1_qkv.py`` ... ``ch11_transformer.py``) holds its exercises, their
+(``ch1_qkv.py`` ... ``ch13_writing.py``) holds its exercises, their
 solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
@@ -31,6 +31,7 @@ from . import (
     ch10_backward,
     ch11_transformer,
     ch12_generating,
+    ch13_writing,
 )
 from .core import KINDS, Exercise, Result
 
@@ -47,6 +48,7 @@ _CHAPTERS = (
     ch10_backward,
     ch11_transformer,
     ch12_generating,
+    ch13_writing,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}
 assert len(_REGISTRY) == sum(len(chapter.EXERCISES) for chapter in _CHAPTERS), "duplicate exercise ids"
