@@ -202,7 +202,7 @@
       var parts = head.value.split(","), w = result.maps[Number(parts[0])][Number(parts[1])];
       var rows = ["<tr><th scope=\"col\">query \\ key</th>" + tokens.map(function (t) { return "<th scope=\"col\">" + data.letters[t] + "</th>"; }).join("") + "</tr>"];
       w.forEach(function (row, q) {
-        rows.push("<tr><th scope=\"row\">" + (q + 1) + " " + data.letters[tokens[q]] + "</th>" + row.map(function (x, k) {
+        rows.push("<tr><th scope=\"row\">" + q + " " + data.letters[tokens[q]] + "</th>" + row.map(function (x, k) {
           return k > q ? "<td class=\"attn-masked\"></td>"
             : "<td data-role=\"w\" data-q=\"" + q + "\" data-k=\"" + k + "\" data-value=\"" + x + "\" style=\"background:" + colour(x) + "\" title=\"" + fmt(x, 3) + "\">" + fmt(x, 2).replace(/^0/, "") + "</td>";
         }).join("") + "</tr>");
