@@ -115,7 +115,7 @@ def draw_decoder(shapes, n_layers, *, figsize=(10, 10)):
     return fig
 
 
-def draw_multi_head(n_heads=4, *, figsize=(13, 4.8)):
+def draw_multi_head(n_heads=4, *, figsize=(11, 4.4)):
     """Draw multi-head attention's five steps: project, split, attend, concatenate, ``W_O``.
 
     Each head has its own colour, from its slice of $Q$, $K$ and $V$ through its own
@@ -128,7 +128,7 @@ def draw_multi_head(n_heads=4, *, figsize=(13, 4.8)):
 
     colours = plt.cm.tab10.colors
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
-    ax.set(xlim=(-1.3, 17.0), ylim=(-0.9, 6.4))
+    ax.set(xlim=(-0.9, 16.2), ylim=(-0.9, 6.4))
     ax.axis("off")
     line = dict(color="0.2", lw=1.4)
     mid = 2.6  # the height of the flow's centre line
@@ -142,39 +142,38 @@ def draw_multi_head(n_heads=4, *, figsize=(13, 4.8)):
     def arrow(start, end):
         ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", **line))
 
-    steps = ((0.2, "input"), (3.0, "1. project"), (6.2, "2. split"), (9.4, "3. attend"),
-             (12.4, "4. concatenate"), (15.4, "5. project"))
+    steps = ((0.1, "input"), (2.6, "1. project"), (5.4, "2. split"), (8.75, "3. attend"),
+             (12.0, "4. concatenate"), (14.95, "5. project"))
     for x, name in steps:
         ax.text(x, 6.0, name, ha="center", va="center", fontsize=12, fontweight="bold")
-    box(0.2, mid, "$X$\n$(T, d_{model})$", 2.0, 1.4)
-    box(3.0, mid, "$Q = X W_Q$\n$K = X W_K$\n$V = X W_V$\neach $(T, h\\,d_k)$", 2.6, 2.4)
-    arrow((1.25, mid), (1.65, mid))
+    box(0.1, mid, "$X$\n$(T, d_{model})$", 1.7, 1.4)
+    box(2.6, mid, "$Q = X W_Q$\n$K = X W_K$\n$V = X W_V$\neach $(T, h\\,d_k)$", 2.3, 2.4)
+    arrow((1.0, mid), (1.4, mid))
     spacing = min(1.2, 5.0 / n_heads)
     rows = [mid + spacing * ((n_heads - 1) / 2 - j) for j in range(n_heads)]
     for j, y in enumerate(rows):
         colour = colours[j % len(colours)]
-        arrow((4.35, mid), (5.05, y))
-        ax.add_patch(Rectangle((5.1, y - 0.3 * spacing), 2.2, 0.6 * spacing,
+        arrow((3.8, mid), (4.45, y))
+        ax.add_patch(Rectangle((4.5, y - 0.3 * spacing), 1.8, 0.6 * spacing,
                                facecolor=colour, alpha=0.35, edgecolor=colour))
-        ax.text(6.2, y, f"head {j}: $Q_{j}, K_{j}, V_{j}$", ha="center", va="center",
-                fontsize=11)
-        arrow((7.35, y), (7.95, y))
-        ax.add_patch(Rectangle((8.0, y - 0.3 * spacing), 2.8, 0.6 * spacing,
+        ax.text(5.4, y, f"$Q_{j}, K_{j}, V_{j}$", ha="center", va="center", fontsize=11)
+        arrow((6.35, y), (6.85, y))
+        ax.add_patch(Rectangle((6.9, y - 0.3 * spacing), 3.7, 0.6 * spacing,
                                facecolor=colour, alpha=0.6, edgecolor=colour))
-        ax.text(9.4, y, f"softmax$(Q_{j} K_{j}^\\top / \\sqrt{{d_k}})\\,V_{j}$", ha="center",
-                va="center", fontsize=11)
-        arrow((10.85, y), (11.35, mid))
+        ax.text(8.75, y, f"softmax$(Q_{j} K_{j}^\\top / \\sqrt{{d_k}})\\,V_{j}$",
+                ha="center", va="center", fontsize=11)
+        arrow((10.65, y), (10.95, mid))
     strip = 2.0 / n_heads  # the concatenation: the heads' outputs side by side
     for j in range(n_heads):
         colour = colours[j % len(colours)]
-        ax.add_patch(Rectangle((11.4 + j * strip, mid - 0.7), strip, 1.4,
+        ax.add_patch(Rectangle((11.0 + j * strip, mid - 0.7), strip, 1.4,
                                facecolor=colour, alpha=0.6, edgecolor="0.2"))
-        ax.text(11.4 + (j + 0.5) * strip, mid, str(j), ha="center", va="center", fontsize=11)
-    ax.text(12.4, mid - 1.05, "$(T, h\\,d_v)$", ha="center", va="top", fontsize=12)
-    arrow((13.45, mid), (14.25, mid))
-    box(15.4, mid, "$\\times\\, W_O$\n$(T, d_{model})$", 2.1, 1.4)
-    ax.text(6.2, -0.55, f"each $(T, d_k)$, $d_k = d_{{model}} / h$; here $h = {n_heads}$",
+        ax.text(11.0 + (j + 0.5) * strip, mid, str(j), ha="center", va="center", fontsize=11)
+    ax.text(12.0, mid - 1.05, "$(T, h\\,d_v)$", ha="center", va="top", fontsize=12)
+    arrow((13.05, mid), (13.85, mid))
+    box(14.95, mid, "$\\times\\, W_O$\n$(T, d_{model})$", 1.9, 1.4)
+    ax.text(5.4, -0.55, f"head $j$: each $(T, d_k)$, $d_k = d_{{model}} / h$; here $h = {n_heads}$",
             ha="center", va="center", fontsize=11)
-    ax.text(15.4, mid - 1.05, "every output entry\nmixes every head", ha="center", va="top",
-            fontsize=11)
+    ax.text(14.95, mid - 1.05, "every output\nentry mixes\nevery head", ha="center",
+            va="top", fontsize=11)
     return fig

@@ -13,7 +13,7 @@ from attnlib.block_diagram import draw_multi_head  # noqa: E402
 def test_one_labelled_head_per_head(n_heads):
     fig = draw_multi_head(n_heads)
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert sum(t.startswith("head ") for t in texts) == n_heads
+    assert sum(t.startswith("$Q_") for t in texts) == n_heads  # one slice per head
     assert [t for t in texts if t.isdigit()] == [str(j) for j in range(n_heads)]  # the strips
     assert any(f"h = {n_heads}" in t for t in texts)
     for text in fig.axes[0].texts:
