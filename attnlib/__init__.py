@@ -7,6 +7,8 @@ The public API, each in a file of its own:
 - :func:`score_matrix` (``scores.py``)
 - :func:`causal_mask` (``masks.py``)
 - :func:`attention_weights`, :func:`attention`, :func:`backends` (``attention.py``)
+- :mod:`attnlib.mods`: FlexAttention-style ``score_mod`` / ``mask_mod`` gallery (``mods.py``);
+  :func:`block_mask`, :class:`BlockMask` (``block_mask.py``)
 - :func:`attention_backward`, :func:`backward_backends` (``backward.py``)
 - :func:`multi_head_attention` (``multi_head.py``)
 - :class:`SelfAttention` (``self_attention.py``)
@@ -17,9 +19,10 @@ The public API, each in a file of its own:
 - :mod:`attnlib.examples`, the book's running examples
 """
 
-from . import errors, examples
+from . import errors, examples, mods
 from .attention import attention, attention_weights, backends
 from .backward import attention_backward, backward_backends
+from .block_mask import BlockMask, block_mask
 from .device import device
 from .kv_cache import KVCache, kv_cache_bytes
 from .masks import causal_mask
@@ -34,6 +37,7 @@ from .validation import unchecked
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockMask",
     "KVCache",
     "SelfAttention",
     "attention",
@@ -41,12 +45,14 @@ __all__ = [
     "attention_weights",
     "backends",
     "backward_backends",
+    "block_mask",
     "causal_mask",
     "device",
     "errors",
     "examples",
     "kv_cache_bytes",
     "merge_heads",
+    "mods",
     "multi_head_attention",
     "project_qkv",
     "rope",

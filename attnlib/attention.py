@@ -16,11 +16,11 @@ import numpy as np
 from .arrays import as_arrays, is_tensor, torch_available, torch_module
 from .backends.numpy_matrix import masked_scores
 from .errors import MaskError, NonFiniteError
-from .gqa import group_heads
+from .gqa import check_gqa_heads, group_heads
 from .masks import causal_alignment, check_window, with_window
 from .softmax import stable_softmax
-from .validation import (all_finite, check_backend, check_mask, check_mask_gradient, check_qkv, check_scale,
-                         checking_values, dtype_name)
+from .validation import (all_finite, check_backend, check_empty_rows, check_mask, check_mask_gradient, check_qkv,
+                         check_scale, check_window_rows, checking_values, dtype_name)
 
 _BACKEND_MODULES = {
     "numpy": "attnlib.backends.numpy_matrix",
@@ -101,7 +101,7 @@ def _to_backend_kind(arrays, kind, backend_kind, backend):
 
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, window=None,
-              enable_gqa=False):
+              enable_gqa=False, score_mod=None, mask_mod=None, block_mask=None, empty_rows="raise"):
     """Scaled dot-product attention.
 
     Parameters
@@ -143,6 +143,24 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
         dimension -3, k and v have H_kv, H divisible by H_kv, and query head h
         uses key/value head ``h // (H / H_kv)``. Nothing is copied (see
         :mod:`attnlib.gqa`). A mask then broadcasts to (..., H, T_q, T_k).
+    score_mod : function ``(score, b, h, q_idx, kv_idx) -> score``, optional
+        FlexAttention's: rewrites each scaled score before the softmax (see
+        :mod:`attnlib.mods`: :func:`~attnlib.mods.alibi`, :func:`~attnlib.mods.soft_cap`).
+        Called with arrays of the input's kind: integer indices that broadcast
+        against the scores (``h`` the head, dimension -3; ``b`` the batch entry).
+        ``numpy``, ``loop``, ``torch`` and ``tiled`` call any score_mod;
+        ``sdpa`` and ``triton`` only one that adds a bias (``mods.additive``).
+    mask_mod : function ``(b, h, q_idx, kv_idx) -> bool``, optional
+        FlexAttention's: True where a query may attend a key. It combines with
+        ``mask``, ``causal`` and ``window``: a key must be allowed by all.
+    block_mask : attnlib.BlockMask, optional
+        From :func:`attnlib.block_mask`; its mask_mod is used (pass the same
+        function as ``mask_mod``, or none). ``tiled`` visits only the key blocks
+        it lists (its block size is the tiles'); the others apply the mask_mod.
+    empty_rows : "raise" or "zero"
+        What a query left with no key gets: a MaskError (the default), or, with
+        ``"zero"``, output 0 and no gradient, as SDPA and FlexAttention answer
+        (e.g. the padding rows of a left-padded batch).
 
     Returns
     -------
@@ -167,15 +185,29 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
     q, k, v, mask = as_arrays(q=q, k=k, v=v, mask=mask)
     causal = causal_alignment(causal)
     window = check_window(window, causal)
-    ungroup = None
+    score_mod, mask_mod, block_mask, zero = check_mod_arguments(score_mod, mask_mod, block_mask, empty_rows)
+    ungroup = group = None
     if check_enable_gqa(enable_gqa):  # q (..., H_kv, G, T_q, d); k and v (..., H_kv, 1, T_k, d): views
+        group = gqa_group(q, k, v)
         q, k, v, mask, _, ungroup = group_heads(q, k, v, mask)
     kind, shapes = check_qkv(q, k, v)
-    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
+    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype, rows=not zero)
+    if not zero:
+        check_window_rows(shapes, causal, window)
     scale = check_scale(scale, shapes.d_k)
     name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
     check_mask_gradient(mask, name)  # the triton kernels give no gradient for a mask
     module = backend_module(name)
+    if uses_mods(score_mod, mask_mod, block_mask, zero):  # FlexAttention's mods, or zeros for empty rows
+        from .backends import flex
+
+        with quiet_overflow(kind, module.ARRAY_KIND):
+            out = flex.forward(name, module, q, k, v, mask, causal, window, scale, shapes, score_mod, mask_mod,
+                               block_mask, empty_rows, group)
+        if kind == "numpy" and is_tensor(out):
+            out = out.numpy()
+        check_scores_fit("attention", out, q.dtype, kind)
+        return out if ungroup is None else ungroup(out)
     mask, window_option = window_arguments(mask, shapes, kind, causal, window, q, native=skips_window(module))
     q_b, k_b, v_b, mask_b = _to_backend_kind([q, k, v, mask], kind, module.ARRAY_KIND, name)
     with quiet_overflow(kind, module.ARRAY_KIND):  # overflow is reported below, in words
@@ -184,6 +216,26 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
         out = out.numpy()
     check_scores_fit("attention", out, q.dtype, kind)
     return out if ungroup is None else ungroup(out)  # (..., H, T_q, d_v)
+
+
+def check_mod_arguments(score_mod, mask_mod, block_mask, empty_rows):
+    """``(score_mod, mask_mod, block_mask, zero)`` checked; ``zero`` is ``empty_rows == "zero"``."""
+    zero = check_empty_rows(empty_rows) == "zero"
+    if score_mod is None and mask_mod is None and block_mask is None:
+        return None, None, None, zero
+    from .backends.flex import check_mods
+
+    return (*check_mods(score_mod, mask_mod, block_mask), zero)
+
+
+def uses_mods(score_mod, mask_mod, block_mask, zero):
+    return zero or score_mod is not None or mask_mod is not None or block_mask is not None
+
+
+def gqa_group(q, k, v):
+    """G = H / H_kv under enable_gqa (checked by group_heads)."""
+    n_heads, n_kv_heads = check_gqa_heads(q, k, v)
+    return n_heads // n_kv_heads
 
 
 def quiet_overflow(*kinds):
@@ -253,30 +305,45 @@ def check_scores_fit(what, result, dtype, kind):
     )
 
 
-def attention_weights(q, k, *, mask=None, causal=False, scale=None, window=None, enable_gqa=False):
+def attention_weights(q, k, *, mask=None, causal=False, scale=None, window=None, enable_gqa=False,
+                      score_mod=None, mask_mod=None, block_mask=None, empty_rows="raise"):
     """The attention matrix ``A = softmax(Q K^T * scale + mask)``; every row sums to 1.
 
     Parameters
     ----------
     q : array or tensor, shape (..., T_q, d_k)
     k : array or tensor, shape (..., T_k, d_k)
-    mask, causal, scale, window, enable_gqa
+    mask, causal, scale, window, enable_gqa, score_mod, mask_mod, block_mask, empty_rows
         As for :func:`attention`.
 
     Returns
     -------
     Same kind as the input, shape (..., T_q, T_k). Row i holds how much query i
-    takes from each key; masked keys get exactly 0.
+    takes from each key; masked keys get exactly 0 (and, under ``empty_rows="zero"``,
+    a query with no key a row of zeros).
     """
     q, k, mask = as_arrays(q=q, k=k, mask=mask)
     causal = causal_alignment(causal)
     window = check_window(window, causal)
-    ungroup = None
+    score_mod, mask_mod, block_mask, zero = check_mod_arguments(score_mod, mask_mod, block_mask, empty_rows)
+    ungroup = group = None
     if check_enable_gqa(enable_gqa):
+        group = gqa_group(q, k, k)
         q, k, _, mask, _, ungroup = group_heads(q, k, k, mask)
     kind, shapes = check_qkv(q, k)
-    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
+    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype, rows=not zero)
+    if not zero:
+        check_window_rows(shapes, causal, window)
     scale = check_scale(scale, shapes.d_k)
+    if uses_mods(score_mod, mask_mod, block_mask, zero):
+        from .backends import flex
+
+        module = backend_module("torch" if kind == "torch" else "numpy")
+        with quiet_overflow(kind):
+            weights = flex.forward("weights", module, q, k, k, mask, causal, window, scale, shapes, score_mod,
+                                   mask_mod, block_mask, empty_rows, group, weights=True)
+        check_scores_fit("attention_weights", weights, q.dtype, kind)
+        return weights if ungroup is None else ungroup(weights)
     mask, _ = window_arguments(mask, shapes, kind, causal, window, q)
     if kind == "numpy":
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, in words

@@ -26,8 +26,8 @@ import importlib
 import numpy as np
 
 from .arrays import array_kind, as_arrays, is_tensor, torch_module
-from .attention import (_to_backend_kind, backend_module, backends, check_enable_gqa, quiet_overflow,
-                        window_arguments)
+from .attention import (_to_backend_kind, backend_module, backends, check_enable_gqa, check_mod_arguments,
+                        gqa_group, quiet_overflow, uses_mods, window_arguments)
 from .errors import DTypeError, NonFiniteError, ShapeError
 from .gqa import check_gqa_heads, group_heads
 from .masks import causal_alignment, check_window
@@ -39,6 +39,7 @@ from .validation import (
     check_mask,
     check_qkv,
     check_scale,
+    check_window_rows,
     checking_values,
     dtype_name,
 )
@@ -116,13 +117,17 @@ def sum_to_shape(grad, shape):
 
 
 def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, backend=None, window=None,
-                       enable_gqa=False):
+                       enable_gqa=False, score_mod=None, mask_mod=None, block_mask=None, empty_rows="raise"):
     """Gradients of attention: ``(dq, dk, dv)`` for the upstream gradient ``d_out``.
 
     Parameters
     ----------
-    q, k, v, mask, causal, scale, window, enable_gqa
-        As for :func:`attnlib.attention`, and checked the same way. With
+    q, k, v, mask, causal, scale, window, enable_gqa, score_mod, mask_mod, block_mask, empty_rows
+        As for :func:`attnlib.attention`, and checked the same way. A query row
+        with no key sends no gradient under ``empty_rows="zero"``. With a
+        score_mod, the ``numpy`` and ``tiled`` backward multiply by its derivative:
+        the mod's own ``derivative`` (the gallery's have one), else torch.autograd
+        on a float64 copy. With
         ``enable_gqa``, dk and dv sum the gradients of the query heads that share
         each key/value head. A window is applied as a mask on every backend.
     d_out : array or tensor, shape (..., T_q, d_v)
@@ -147,24 +152,37 @@ def attention_backward(q, k, v, d_out, *, mask=None, causal=False, scale=None, b
     q, k, v, d_out, mask = as_arrays(q=q, k=k, v=v, d_out=d_out, mask=mask)
     causal = causal_alignment(causal)
     window = check_window(window, causal)
-    original_shapes = None
+    score_mod, mask_mod, block_mask, zero = check_mod_arguments(score_mod, mask_mod, block_mask, empty_rows)
+    original_shapes = group = None
     if check_enable_gqa(enable_gqa):  # as in attention: (..., H_kv, G, T, d) views, k and v with G = 1
         original_shapes = (q.shape, k.shape, v.shape)
         check_gqa_d_out(q, k, v, d_out)
+        group = gqa_group(q, k, v)
         q, k, v, mask, d_out, _ = group_heads(q, k, v, mask, d_out=d_out)
     kind, shapes = check_qkv(q, k, v)
     check_d_out(d_out, q, shapes)
-    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype)
+    mask = check_mask(mask, shapes, kind, causal=causal, dtype=q.dtype, rows=not zero)
+    if not zero:
+        check_window_rows(shapes, causal, window)
     scale = check_scale(scale, shapes.d_k)
-    mask, _ = window_arguments(mask, shapes, kind, causal, window, q)
     name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
     backward, backend_kind = backward_function(name)
     if kind == "torch":  # the gradients are computed, not recorded
         q, k, v, d_out = (x.detach() for x in (q, k, v, d_out))
-    arrays = _to_backend_kind([q, k, v, d_out, mask], kind, backend_kind, name)
+    if uses_mods(score_mod, mask_mod, block_mask, zero):  # FlexAttention's mods, or no gradient from empty rows
+        from .backends import flex
+
+        with quiet_overflow(kind, backend_kind):
+            grads = flex.backward(name, backward, backend_kind, q, k, v, d_out, mask, causal, window, scale,
+                                  shapes, score_mod, mask_mod, block_mask, empty_rows, group)
+    else:
+        mask, _ = window_arguments(mask, shapes, kind, causal, window, q)
+        arrays = _to_backend_kind([q, k, v, d_out, mask], kind, backend_kind, name)
+        with quiet_overflow(kind, backend_kind):
+            grads = backward(*arrays, causal, scale)
     result = []
     with quiet_overflow(kind, backend_kind):  # overflow is reported below, in words
-        for grad, x in zip(backward(*arrays, causal, scale), (q, k, v)):
+        for grad, x in zip(grads, (q, k, v)):
             grad = sum_to_shape(grad, x.shape)
             if kind == "numpy" and is_tensor(grad):
                 grad = grad.cpu().numpy()

@@ -292,7 +292,7 @@ def _mask_in_dtype(mask, kind, dtype):
         return mask.astype(dtype)
 
 
-def check_mask(mask, shapes, kind, causal=None, dtype=None):
+def check_mask(mask, shapes, kind, causal=None, dtype=None, rows=True):
     """Check a boolean or additive float mask, and the causal alignment, against the scores.
 
     Parameters
@@ -307,6 +307,9 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
         The inputs' dtype. A float mask is converted to it *before* it is
         checked, since that is what the backends compute with: -1e5 becomes
         -inf in float16, and 1e40 becomes inf in float32.
+    rows : bool
+        Check that every query row keeps a key (False under ``empty_rows="zero"``,
+        where such a row gets output 0).
 
     Returns
     -------
@@ -321,7 +324,7 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
         be 0/0), by the mask, by the causal alignment, or by both.
     """
     if mask is None:
-        if causal == "bottom-right" and shapes.t_q > shapes.t_k:
+        if rows and causal == "bottom-right" and shapes.t_q > shapes.t_k:
             raise MaskError(
                 f"causal='bottom-right' with T_q={shapes.t_q} queries and only T_k={shapes.t_k} "
                 f"keys leaves the first {shapes.t_q - shapes.t_k} query rows with no key to attend "
@@ -371,11 +374,44 @@ def check_mask(mask, shapes, kind, causal=None, dtype=None):
         if not values:
             return mask
         allowed = mask > float("-inf")
-    if not values:
+    if not values or not rows:
         return mask
     _check_every_row_has_a_key(allowed, shapes, kind, causal, converted=not is_bool and dtype is not None,
                                boolean=is_bool)
     return mask
+
+
+EMPTY_ROWS = ("raise", "zero")
+
+
+def check_empty_rows(empty_rows):
+    """``empty_rows`` must be "raise" (a query with no key is a MaskError) or "zero" (its output is 0)."""
+    if not isinstance(empty_rows, str) or empty_rows not in EMPTY_ROWS:
+        raise ValueError(f"empty_rows must be 'raise' (a query left with no key is an error) or 'zero' (its "
+                         f"output is 0 and it sends no gradient, as SDPA answers), got {empty_rows!r}")
+    return empty_rows
+
+
+def check_window_rows(shapes, causal, window):
+    """Raise MaskError when ``causal`` with ``window`` leaves the last queries no key (shapes only).
+
+    Query i sees keys ``i + offset - window < j <= i + offset``. Top-left, the
+    last queries of T_q >= T_k + window see none: their window starts after the
+    last key.
+    """
+    if window is None or not causal:
+        return
+    offset = causal_offset(shapes.t_q, shapes.t_k, causal)
+    last = shapes.t_q - 1
+    if last + offset - window + 1 > shapes.t_k - 1:
+        first_empty = shapes.t_k - 1 + window - offset
+        raise MaskError(
+            f"causal={causal!r} with window={window} leaves query rows {first_empty}..{last} with no key: "
+            f"with T_q={shapes.t_q} queries and T_k={shapes.t_k} keys, query i sees keys "
+            f"i - {window} < j <= i, and for those rows that window starts "
+            "after the last key. Use causal='bottom-right' (the last query lines up with the last key), or "
+            "empty_rows='zero' for output 0 there"
+        )
 
 
 def dtype_name(dtype):
