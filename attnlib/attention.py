@@ -198,6 +198,9 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
     name = check_backend(backend) or ("torch" if kind == "torch" else "numpy")
     check_mask_gradient(mask, name)  # the triton kernels give no gradient for a mask
     module = backend_module(name)
+    if name == "triton-simple" and window is not None:
+        raise ValueError(f"the triton-simple backend takes no sliding window (got window={window}): its kernel "
+                         "knows only causal=; use backend='triton'")
     if uses_mods(score_mod, mask_mod, block_mask, zero):  # FlexAttention's mods, or zeros for empty rows
         from .backends import flex
 

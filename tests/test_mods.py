@@ -361,3 +361,33 @@ def test_unchecked_skips_the_empty_row_check_with_mods(qkv):
     with attnlib.unchecked():
         out = attnlib.attention(q, k, v, mask_mod=never, backend="tiled")
     assert (out[:, :, 3:] == 0).all()
+
+
+# ---------------------------------------------------------------- QA defects of the issue (triton-simple)
+
+def _simple_inputs(requires_grad=False):
+    rng = np.random.default_rng(5)
+    return [torch.from_numpy(rng.standard_normal((9, 16)).astype(np.float32)).requires_grad_(requires_grad)
+            for _ in range(3)]
+
+
+def test_triton_simple_refuses_inputs_that_require_grad():
+    """QA: its output used to come back without grad, silently dropping attention's gradient."""
+    if "triton-simple" not in attnlib.backends():
+        pytest.skip("triton not available")
+    q, k, v = _simple_inputs(requires_grad=True)
+    with pytest.raises(ValueError, match="no backward pass.*requires grad.*backend='triton'"):
+        attnlib.attention(q, k, v, backend="triton-simple")
+    with torch.no_grad():
+        out = attnlib.attention(q, k, v, backend="triton-simple")
+    assert out.shape == (9, 16)
+
+
+def test_triton_simple_names_the_window():
+    """QA: window= was refused as 'takes no mask (got one of shape (9, 9))'; the caller passed no mask."""
+    if "triton-simple" not in attnlib.backends():
+        pytest.skip("triton not available")
+    q, k, v = _simple_inputs()
+    with pytest.raises(ValueError, match=r"no sliding window \(got window=3\)") as caught:
+        attnlib.attention(q, k, v, causal=True, window=3, backend="triton-simple")
+    assert "mask" not in str(caught.value)

@@ -93,6 +93,10 @@ def _check_supported(q, k, v, mask, causal):
     if q.device.type != "cuda" and not RUNS_ON_CPU:
         raise RuntimeError(f"the triton-simple backend runs on CUDA tensors (got a tensor on {q.device}); "
                            "to run it on a CPU, set TRITON_INTERPRET=1 before triton is first imported")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError("the triton-simple backend has no backward pass, and q, k or v requires grad: its "
+                         "output would carry no gradient; use backend='triton' (or wrap the call in "
+                         "torch.no_grad(), or pass detached tensors)")
     if mask is not None:
         raise ValueError(f"the triton-simple backend takes no mask (got one of shape {tuple(mask.shape)}); "
                          "use causal=, or backend='triton'")
