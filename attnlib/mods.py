@@ -28,19 +28,45 @@ keeps float64): multiply the score in first (``0.1 * (h * score)``) where the
 float64 digits matter.
 """
 
+import sys
+
 import numpy as np
 
 from .arrays import is_tensor, torch_module
 
 
+class _Table:
+    """A lookup table (document ids, slopes) kept as a NumPy array and, once torch is loaded, a CPU
+    tensor, so that a mod traced by torch (FlexAttention's vmap and dynamo) only moves it to a device."""
+
+    def __init__(self, values):
+        self.numpy = values.detach().cpu().numpy() if is_tensor(values) else np.asarray(values)
+        self._cpu = None
+        if "torch" in sys.modules:
+            self._cpu = sys.modules["torch"].from_numpy(np.ascontiguousarray(self.numpy))
+
+    def like(self, index):
+        """The table as the kind (and device) of ``index``."""
+        if isinstance(index, (np.ndarray, np.generic, int)):
+            return self.numpy
+        if self._cpu is None:
+            self._cpu = torch_module().from_numpy(np.ascontiguousarray(self.numpy))
+        return self._cpu if index.device.type == "cpu" else self._cpu.to(index.device)
+
+    def __repr__(self):
+        return f"<array of shape {self.numpy.shape}>"
+
+    @property
+    def shape(self):
+        return self.numpy.shape
+
+    @property
+    def ndim(self):
+        return self.numpy.ndim
+
+
 def _like(table, index):
-    """``table`` (a NumPy array or tensor) as the kind and device of ``index``, for lookups."""
-    if is_tensor(index):
-        torch = torch_module()
-        if not is_tensor(table):
-            table = torch.as_tensor(np.asarray(table))
-        return table.to(index.device)
-    return table.detach().cpu().numpy() if is_tensor(table) else np.asarray(table)
+    return table.like(index)
 
 
 def _tanh(x):
@@ -55,8 +81,8 @@ class Mod:
     def __init__(self, name, function, **params):
         self.name, self.function, self.params = name, function, params
 
-    def __call__(self, *args):
-        return self.function(*args)
+    def __call__(self, b, h, q_idx, kv_idx):  # four named arguments: torch's flex_attention counts them
+        return self.function(b, h, q_idx, kv_idx)
 
     def __repr__(self):
         listed = ", ".join(f"{k}={_short(v)}" for k, v in self.params.items())
@@ -79,6 +105,9 @@ class ScoreMod(Mod):
     def __init__(self, name, function, bias=None, derivative=None, **params):
         super().__init__(name, function, **params)
         self.bias, self.derivative = bias, derivative
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        return self.function(score, b, h, q_idx, kv_idx)
 
 
 def _positive_int(name, value):
@@ -110,8 +139,8 @@ def document(doc_ids, doc_ids_k=None):
     when they differ from the queries' (defaults to ``doc_ids``). Combine with
     :func:`causal` (``and_masks``) for packed decoder training.
     """
-    doc_ids = _doc_table("doc_ids", doc_ids)
-    doc_ids_k = doc_ids if doc_ids_k is None else _doc_table("doc_ids_k", doc_ids_k)
+    doc_ids = _Table(_doc_table("doc_ids", doc_ids))
+    doc_ids_k = doc_ids if doc_ids_k is None else _Table(_doc_table("doc_ids_k", doc_ids_k))
 
     def mask_mod(b, h, q_idx, kv_idx):
         ids_q, ids_k = _like(doc_ids, q_idx), _like(doc_ids_k, kv_idx)
@@ -137,7 +166,7 @@ def prefix_lm(prefix_length):
     """Prefix-LM: every query sees the first ``prefix_length`` keys (the prompt, bidirectional),
     and the keys up to its own position (causal). ``prefix_length``: an int, or one per batch
     entry (shape (B,))."""
-    table = None if isinstance(prefix_length, (int, np.integer)) else np.asarray(prefix_length)
+    table = None if isinstance(prefix_length, (int, np.integer)) else _Table(prefix_length)
     if table is None and prefix_length < 0:
         raise ValueError(f"prefix_length must be at least 0, got {prefix_length!r}")
 
@@ -172,12 +201,13 @@ def alibi(slopes):
     """
     if isinstance(slopes, (int, np.integer)) and not isinstance(slopes, bool):
         slopes = alibi_slopes(slopes)
-    slopes = np.asarray(slopes, dtype=np.float64)
+    slopes = np.asarray(slopes.detach().cpu() if is_tensor(slopes) else slopes, dtype=np.float64)
     if slopes.ndim != 1:
         raise ValueError(f"slopes must have shape (H,), got {slopes.shape}")
+    table = _Table(slopes)
 
     def bias(b, h, q_idx, kv_idx):
-        return _like(slopes, h)[h] * (kv_idx - q_idx)
+        return _like(table, h)[h] * (kv_idx - q_idx)
 
     return ScoreMod("alibi", lambda score, b, h, q_idx, kv_idx: score + bias(b, h, q_idx, kv_idx), bias=bias,
                     derivative=lambda score, *idx: 1.0, slopes=slopes)
