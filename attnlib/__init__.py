@@ -16,6 +16,7 @@ The public API, each in a file of its own:
 - :func:`rope`, :func:`sinusoidal_positions` (``positions.py``)
 - :func:`device` (``device.py``)
 - :func:`unchecked`, skip the checks that read values (``validation.py``)
+- :func:`varlen_attention`, :func:`varlen_attention_backward`: packed sequences (``varlen.py``)
 - :mod:`attnlib.examples`, the book's running examples
 """
 
@@ -33,6 +34,7 @@ from .scores import score_matrix
 from .self_attention import SelfAttention
 from .softmax import softmax
 from .validation import unchecked
+from .varlen import varlen_attention, varlen_attention_backward
 
 __version__ = "0.1.0"
 
@@ -61,4 +63,6 @@ __all__ = [
     "softmax",
     "split_heads",
     "unchecked",
+    "varlen_attention",
+    "varlen_attention_backward",
 ]
