@@ -391,3 +391,33 @@ def test_triton_simple_names_the_window():
     with pytest.raises(ValueError, match=r"no sliding window \(got window=3\)") as caught:
         attnlib.attention(q, k, v, causal=True, window=3, backend="triton-simple")
     assert "mask" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- no host sync under unchecked()
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa"])
+@pytest.mark.parametrize("case", ["empty_rows", "mask_mod", "score_and_mask", "document"])
+def test_mods_and_zero_rows_compile_without_graph_breaks_unchecked(backend, case):
+    """Under attnlib.unchecked(), calls with mods or empty_rows='zero' trace into one graph: no value is
+    read on the host. Checked, the empty-row check reads one (a graph break)."""
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    mask[:2] = False
+    kw = {"empty_rows": dict(mask=mask, empty_rows="zero"),
+          "mask_mod": dict(mask_mod=mods.causal()),
+          "score_and_mask": dict(score_mod=mods.alibi(3), mask_mod=mods.sliding_window(4)),
+          "document": dict(mask_mod=mods.document(torch.arange(16) // 5))}[case]
+    q = torch.randn(2, 3, 16, 8, generator=torch.Generator().manual_seed(0))
+
+    def step(q):
+        with attnlib.unchecked():
+            return attnlib.attention(q, q, q, backend=backend, **kw)
+
+    def checked(q):
+        return attnlib.attention(q, q, q, backend=backend, **kw)
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(q)
+    assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(checked)(q).graph_break_count >= 1
+    torch.testing.assert_close(step(q), checked(q), atol=0, rtol=0)

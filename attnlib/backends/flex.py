@@ -20,6 +20,8 @@ A query row left with no key gets output 0 and sends no gradient anywhere
 ``"raise"`` it is a :class:`~attnlib.errors.MaskError`.
 """
 
+import math
+
 import numpy as np
 
 from ..arrays import is_tensor, torch_module
@@ -109,13 +111,14 @@ class Mods:
         self.kind = _kind_of(like)
         self.device = like.device if self.kind == "torch" else None
         self.mask = mask
-        b, h = batch_indices(self.batch_shape, group)
-        self.b, self.h = b, h  # NumPy int64 arrays of the batch shape
+        # int64 arrays of the batch shape (tensors on the inputs' device for torch: no host copy)
+        self.b, self.h = batch_indices(self.batch_shape, group, self._arange)
 
-    def _array(self, x):
+    def _arange(self, start, stop):
         if self.kind == "torch":
-            return torch_module().as_tensor(x, device=self.device)
-        return x
+            torch = torch_module()
+            return torch.arange(start, stop, dtype=torch.int64, device=self.device)
+        return np.arange(start, stop, dtype=np.int64)
 
     def indices(self, batch, i0, i1, j0, j1):
         """``(b, h, q_idx, kv_idx)`` for rows i0:i1 and keys j0:j1 of the whole batch (``batch`` None)
@@ -124,9 +127,7 @@ class Mods:
             b, h = self.b[..., None, None], self.h[..., None, None]
         else:
             b, h = self.b[batch].reshape(1, 1), self.h[batch].reshape(1, 1)
-        q_idx = np.arange(i0, i1).reshape(-1, 1)
-        kv_idx = np.arange(j0, j1).reshape(1, -1)
-        return tuple(self._array(x) for x in (b, h, q_idx, kv_idx))
+        return b, h, self._arange(i0, i1).reshape(-1, 1), self._arange(j0, j1).reshape(1, -1)
 
     def batch_head(self, batch):
         """``(b, h)`` as ints for one batch entry (an index tuple)."""
@@ -201,22 +202,22 @@ class Mods:
             yield j0, j1, full
 
 
-def batch_indices(batch_shape, group=None):
-    """NumPy int64 arrays ``(b, h)`` of ``batch_shape``: the head is the last batch dimension (the
-    last two, h_kv * G + g, under grouped-query attention), the batch entry the others flattened."""
+def batch_indices(batch_shape, group=None, arange=None):
+    """Integer arrays ``(b, h)`` of ``batch_shape``: the head is the last batch dimension (the last two,
+    h_kv * G + g, under grouped-query attention), the batch entry the others flattened. ``arange``
+    (start, stop) makes the arrays (NumPy int64 by default)."""
+    arange = arange or (lambda start, stop: np.arange(start, stop, dtype=np.int64))
     batch_shape = tuple(batch_shape)
     heads = 2 if group else 1
     if len(batch_shape) < heads:
-        zeros = np.zeros(batch_shape, dtype=np.int64)
-        return zeros, zeros
-    grid = np.indices(batch_shape, dtype=np.int64) if batch_shape else np.zeros((0,), dtype=np.int64)
-    if group:
-        h = grid[-2] * batch_shape[-1] + grid[-1]
-    else:
-        h = grid[-1]
-    lead = batch_shape[:-heads]
-    b = np.ravel_multi_index(tuple(grid[: len(lead)]), lead) if lead else np.zeros(batch_shape, dtype=np.int64)
-    return np.asarray(b, dtype=np.int64), np.asarray(h, dtype=np.int64)
+        zero = arange(0, 1).reshape(())
+        return zero, zero
+    lead, head_dims = batch_shape[:-heads], batch_shape[-heads:]
+    n_lead = math.prod(lead)
+    b = arange(0, n_lead).reshape(*lead, *(1,) * heads)
+    h = arange(0, math.prod(head_dims)).reshape(*(1,) * len(lead), *head_dims)
+    return b.expand(*batch_shape) if hasattr(b, "expand") else np.broadcast_to(b, batch_shape), (
+        h.expand(*batch_shape) if hasattr(h, "expand") else np.broadcast_to(h, batch_shape))
 
 
 # ---------------------------------------------------------------- the matrix form, NumPy and torch
@@ -484,9 +485,9 @@ def check_block_mask_shape(block_mask, batch_shape, t_q, t_k, group):
     """The block mask's (B, H, T_q, T_k) must fit the scores' (B or 1, H or 1, T_q, T_k)."""
     if block_mask is None:
         return
-    b, h = batch_indices(batch_shape, group)
-    n_b = int(b.max()) + 1 if b.size else 1
-    n_h = int(h.max()) + 1 if h.size else 1
+    heads = 2 if group else 1
+    n_b = math.prod(batch_shape[:-heads]) if len(batch_shape) > heads else 1
+    n_h = math.prod(batch_shape[-heads:]) if len(batch_shape) >= heads else 1
     B, H, T_q, T_k = block_mask.shape
     if (T_q, T_k) != (t_q, t_k) or B not in (1, n_b) or H not in (1, n_h):
         raise ShapeError(f"block_mask was made for (B, H, T_q, T_k) = {block_mask.shape} but the scores have "
