@@ -548,6 +548,11 @@ def forward(name, module, q, k, v, mask, causal, window, scale, shapes, score_mo
             if where is not None:
                 raise_empty_row(where, mods, shapes.score_shape)
         return result.to(q.dtype) if backend_kind == "torch" else result.astype(q.dtype, copy=False)
+    if name == "triton" and mask is None:  # the gallery's mods inside the kernel, with block skipping
+        out = _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mod, block_mask, zero,
+                                group)
+        if out is not None:
+            return out
     if name not in MATERIALIZED:  # triton-simple
         raise ValueError(f"backend={name!r} takes no mask, mask_mod, score_mod or block_mask (nor rows with no "
                          f"key); backends that take them: {', '.join(NATIVE + MATERIALIZED)}")
@@ -620,3 +625,91 @@ def backward(name, backward_function, backend_kind, q, k, v, d_out, mask, causal
         except MaskError as exc:
             raise MaskError(f"{exc} (mask_mod, mask, causal and window combined)") from None
     return backward_function(q, k, v, d_out, dense, None if window is not None else causal, scale)
+
+
+# ---------------------------------------------------------------- triton: the gallery inside the kernel
+
+def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mod, block_mask, zero, group):
+    """The output of :mod:`.triton_flex`'s kernel, or None when it cannot run these mods (the caller then
+    passes them to the FlashAttention kernel as a dense mask)."""
+    from ..block_mask import block_mask as make_block_mask
+    from ..mods import and_masks, causal as causal_mod, sliding_window
+    from ..validation import checking_values
+    from . import triton_flex
+
+    spec = triton_flex.kernel_spec(score_mod, mask_mod, causal, window, shapes.t_q, shapes.t_k, group)
+    if spec is None or (block_mask is not None and block_mask.block_size not in triton_flex.TILES):
+        return None
+    if spec["SOFTCAP"] and torch_module().is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError("backend='triton' runs soft_cap in its forward kernel but has no gradient for it (its "
+                         "backward kernels take the mods as a mask, and a cap is not one); use backend='torch' "
+                         "for autograd, or attention_backward with backend='tiled' or 'numpy'")
+    if block_mask is None or causal:
+        parts = [m for m in (mask_mod,) if m is not None]
+        if causal:
+            parts.append(sliding_window(window) if window is not None else causal_mod())
+        if not parts:  # a score_mod alone: every tile is full
+            parts.append(lambda b, h, q_idx, kv_idx: (q_idx >= 0) & (kv_idx >= 0))
+        combined = parts[0] if len(parts) == 1 else and_masks(*parts)
+        per_batch = spec["HAS_DOC"] and spec["doc"].ndim == 2 or spec["HAS_PREFIX"] and spec["prefix"].size > 1
+        n_b = math.prod(shapes.batch_shape[:-1]) if len(shapes.batch_shape) > 1 else 1
+        block_mask = make_block_mask(combined, n_b if per_batch else None, None, shapes.t_q, shapes.t_k,
+                                     block_size=block_mask.block_size if block_mask is not None
+                                     else triton_flex.tile_for(q.dtype))
+    mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, shapes.batch_shape, shapes.t_q, shapes.t_k,
+                group, like=q)
+    out, lse = TritonFlex.apply(q, k, v, spec, block_mask, scale, mods)
+    if not zero and checking_values():
+        where = first_empty_row(lse == float("-inf"), "torch")
+        if where is not None:
+            raise_empty_row(where, mods, shapes.score_shape)
+    return out
+
+
+def _triton_flex_function():
+    torch = torch_module()
+    from . import triton_backward, triton_flash, triton_flex
+
+    class TritonFlexFunction(torch.autograd.Function):
+        """:mod:`.triton_flex`'s forward with :mod:`.triton_backward`'s kernels, the mods as a dense mask."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, spec, bm, scale, mods):
+            batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+            q4, k4, v4 = (triton_flash._as_4d(x, batch_shape) for x in (q, k, v))
+            out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, bm, scale)
+            out = out.to(q.dtype)
+            ctx.save_for_backward(q4, k4, v4, out, lse)
+            ctx.scale, ctx.mods, ctx.batch_shape = scale, mods, batch_shape
+            ctx.shapes = (q.shape, k.shape, v.shape)
+            shape = (*batch_shape, q.shape[-2])
+            return out.reshape(*shape, v.shape[-1]), lse.reshape(shape)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, d_out, _d_lse):
+            q4, k4, v4, out, lse = ctx.saved_tensors
+            empty = lse == float("-inf")  # rows with no key: no gradient
+            dense = dense_mask(ctx.mods, q4.dtype, fold_causal=True)
+            d_out = d_out.masked_fill(empty.reshape(*ctx.batch_shape, -1)[..., None], 0.0)
+            grads = triton_backward.grads_from_lse(q4, k4, v4, out, lse.masked_fill(empty, 0.0), d_out, dense,
+                                                   None, ctx.scale, ctx.batch_shape,
+                                                   need_dq=ctx.needs_input_grad[0])
+            dq, dk, dv = triton_backward._to_input_shapes(grads, ctx.shapes, ctx.batch_shape, q4.dtype)
+            return dq, dk, dv, None, None, None, None
+
+    return TritonFlexFunction
+
+
+class _Lazy:
+    """TritonFlex.apply(...), the autograd Function made on first use (it imports torch and triton)."""
+
+    function = None
+
+    def apply(self, *args):
+        if _Lazy.function is None:
+            _Lazy.function = _triton_flex_function()
+        return _Lazy.function.apply(*args)
+
+
+TritonFlex = _Lazy()

@@ -1,0 +1,300 @@
+"""The gallery's mods inside a Triton kernel, with block skipping: FlexAttention's idea, by hand.
+
+FlexAttention compiles each ``score_mod`` and ``mask_mod`` into its kernel.
+Here the gallery of :mod:`attnlib.mods` is written into one kernel instead,
+each mod switched on by a constant and fed its numbers (window, document ids,
+prefix length, sink count, ALiBi slopes, cap) as arguments:
+
+    keep = causal: j <= i                 window W: i - W < j <= i
+           document: doc_q[i] == doc_k[j]  prefix P: j < P or j <= i
+           sinks S, W: j <= i and (j < S or i - j < W)      (all the listed ones, and-ed)
+    s    = q . k * scale;  ALiBi: s += slope[h] * (j - i);  soft cap c: s = c * tanh(s / c)
+
+A program owns one query tile and walks only the key tiles the block mask
+(:func:`attnlib.block_mask`) lists for it: first the *full* tiles, with no mask
+at all, then the *partial* ones, masked entry by entry. A tile the block mask
+leaves out is never loaded. The online softmax is that of :mod:`.triton_flash`;
+a row with no key gets output 0 and log-sum-exp -inf, as in FlexAttention.
+
+This file is the forward pass. The gradients come from the backward kernels of
+:mod:`.triton_backward`, given the log-sum-exp from here and the mods as a
+dense mask (:func:`attnlib.backends.flex.dense_mask`); so the soft cap, which
+no mask expresses, has no gradient on this backend (the ``tiled`` and ``torch``
+backends give it).
+"""
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from . import triton_flash
+
+LOG2_E = triton_flash.LOG2_E
+TILES = (16, 32, 64, 128)  # block sizes the kernel takes (square tiles)
+
+
+@triton.jit
+def _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window,
+          HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+          HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) booleans: the keys the gallery's mask_mods (and-ed) leave each query."""
+    i = offs_m[:, None]
+    j = keys[None, :]
+    keep = (j < T_k) & (i < T_q)
+    if HAS_CAUSAL:
+        keep = keep & (j <= i)
+    if HAS_WINDOW:
+        keep = keep & (j <= i) & (i - j < window)
+    if HAS_DOC:
+        doc_q = tl.load(DocQ + off_z * stride_doc + offs_m, mask=offs_m < T_q, other=-1)
+        doc_k = tl.load(DocK + off_z * stride_doc + keys, mask=keys < T_k, other=-2)
+        keep = keep & (doc_q[:, None] == doc_k[None, :])
+    if HAS_PREFIX:
+        keep = keep & ((j < prefix) | (j <= i))
+    if HAS_SINKS:
+        keep = keep & (j <= i) & ((j < n_sinks) | (i - j < sink_window))
+    return keep
+
+
+@triton.jit
+def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope, T_q, T_k, scale,
+                    stride_kn, stride_kd, stride_vn, stride_vd,
+                    DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
+                    HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr,
+                    HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+                    HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
+                    SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    """Fold the ``n_blocks`` key tiles listed at ``Idx`` into (acc, l_i, m_i)."""
+    offs_n = tl.arange(0, BLOCK).to(tl.int64)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for n in range(0, n_blocks):
+        keys = tl.load(Idx + n).to(tl.int64) * BLOCK + offs_n  # (BLOCK,) key indices of the listed tile
+        k = tl.load(K + offs_dk[:, None] * stride_kd + keys[None, :] * stride_kn,
+                    mask=(offs_dk[:, None] < HEAD_DK) & (keys[None, :] < T_k), other=0.0)
+        v = tl.load(V + keys[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                    mask=(keys[:, None] < T_k) & (offs_dv[None, :] < HEAD_DV), other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION) * scale  # natural units
+        if ALIBI:
+            s += slope * (keys[None, :] - offs_m[:, None]).to(ACC_DTYPE)
+        if SOFTCAP:  # cap * tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1) (no libdevice needed)
+            s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+        s = s * 1.4426950408889634  # log2 units: exp(x) == exp2(x * log2(e))
+        if MASKED:
+            keep = _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
+                         sink_window, HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS)
+        else:  # a full tile: every key allowed (padding rows past T_q are never stored)
+            keep = keys[None, :] < T_k
+        s = tl.where(keep, s, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # a row with no key yet: exp2(-inf) = 0
+        p = tl.exp2(s - shift[:, None])
+        alpha = tl.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Prefix, Slopes,
+              stride_qz, stride_qh, stride_qm, stride_qd,
+              stride_kz, stride_kh, stride_kn, stride_kd,
+              stride_vz, stride_vh, stride_vn, stride_vd,
+              stride_oz, stride_oh, stride_om, stride_od,
+              stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
+              H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap,
+              HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+              BLOCK: tl.constexpr, HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              HAS_DOC: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr,
+              ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, SCALES_IN_MEMORY: tl.constexpr):
+    """One program: query tile ``pid % n_m`` of (batch, head) ``pid // n_m``, over its listed key tiles."""
+    pid = tl.program_id(0).to(tl.int64)
+    n_m = tl.cdiv(T_q, BLOCK)
+    start_m = pid % n_m
+    off_hz = pid // n_m
+    if SCALES_IN_MEMORY:  # fp64: a float argument would reach the kernel as fp32
+        scale = tl.load(scale)
+        cap = tl.load(cap)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    Q += off_z * stride_qz + off_h * stride_qh
+    K += off_z * stride_kz + off_h * stride_kh
+    V += off_z * stride_vz + off_h * stride_vh
+    Out += off_z * stride_oz + off_h * stride_oh
+    Lse += off_hz * T_q
+    lists = off_z * stride_nz + off_h * stride_nh + start_m  # this tile's entry in the block mask
+    rows = off_z * stride_iz + off_h * stride_ih + start_m * n_kv_blocks
+    prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
+    slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
+
+    offs_m = start_m * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_dk[None, :] * stride_qd,
+                mask=(offs_m[:, None] < T_q) & (offs_dk[None, :] < HEAD_DK), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.zeros([BLOCK], dtype=ACC_DTYPE) - float("inf")
+    l_i = tl.zeros([BLOCK], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK, BLOCK_DV], dtype=ACC_DTYPE)
+    # the full tiles: no mask; then the partial ones: the mask_mods entry by entry
+    acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, FullIdx + rows, tl.load(FullNum + lists), offs_m,
+                                    off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
+                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK, False,
+                                    HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, ALIBI, SOFTCAP,
+                                    UPCAST, ACC_DTYPE, DOT_PRECISION)
+    acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, KvIdx + rows, tl.load(KvNum + lists), offs_m,
+                                    off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
+                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK, True,
+                                    HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, ALIBI, SOFTCAP,
+                                    UPCAST, ACC_DTYPE, DOT_PRECISION)
+    empty = l_i == 0.0  # a row with no key: output 0, log-sum-exp -inf
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    tl.store(Lse + offs_m, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))),
+             mask=offs_m < T_q)
+    tl.store(Out + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od, out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < T_q) & (offs_dv[None, :] < HEAD_DV))
+
+
+# ---------------------------------------------------------------- which mods the kernel runs
+
+MASK_PRIMITIVES = ("causal", "sliding_window", "document", "prefix_lm", "attention_sinks")
+SCORE_PRIMITIVES = ("alibi", "soft_cap")
+
+
+def _flatten(mask_mod):
+    """The gallery mask_mods and-ed in ``mask_mod`` (a list), or None if any part is something else."""
+    if mask_mod is None:
+        return []
+    name = getattr(mask_mod, "name", None)
+    if name == "and_masks":
+        parts = [_flatten(m) for m in mask_mod.params["mods"]]
+        return None if any(p is None for p in parts) else [m for p in parts for m in p]
+    if name in MASK_PRIMITIVES and type(mask_mod).__module__ == "attnlib.mods":
+        return [mask_mod]
+    return None
+
+
+def kernel_spec(score_mod, mask_mod, causal, window, t_q, t_k, group):
+    """The kernel's constants and numbers for these mods, or None when the kernel cannot run them (a
+    user's own function, a bottom-right causal mask with T_q != T_k, grouped heads, a repeated mod)."""
+    if group is not None:
+        return None
+    parts = _flatten(mask_mod)
+    if parts is None:
+        return None
+    if score_mod is not None and (getattr(score_mod, "name", None) not in SCORE_PRIMITIVES
+                                  or type(score_mod).__module__ != "attnlib.mods"):
+        return None
+    spec = {"HAS_CAUSAL": False, "HAS_WINDOW": False, "HAS_DOC": False, "HAS_PREFIX": False, "HAS_SINKS": False,
+            "ALIBI": False, "SOFTCAP": False, "window": 1, "n_sinks": 0, "sink_window": 1, "cap": 1.0,
+            "doc": None, "prefix": None, "slopes": None}
+    if causal:
+        if causal == "bottom-right" and t_q != t_k:
+            return None
+        spec["HAS_CAUSAL"] = True
+        if window is not None:
+            spec["HAS_WINDOW"], spec["window"] = True, window
+    for mod in parts:
+        name = mod.name
+        if name == "causal":
+            spec["HAS_CAUSAL"] = True
+        elif name == "sliding_window":
+            if spec["HAS_WINDOW"]:
+                return None
+            spec["HAS_WINDOW"], spec["window"] = True, mod.params["window"]
+        elif name == "document":
+            if spec["HAS_DOC"] or mod.params.get("doc_ids_k") is not None:
+                return None
+            spec["HAS_DOC"], spec["doc"] = True, mod.params["doc_ids"].numpy
+        elif name == "prefix_lm":
+            if spec["HAS_PREFIX"]:
+                return None
+            spec["HAS_PREFIX"], spec["prefix"] = True, np.atleast_1d(np.asarray(mod.params["prefix_length"]))
+        elif name == "attention_sinks":
+            if spec["HAS_SINKS"]:
+                return None
+            spec["HAS_SINKS"], spec["n_sinks"], spec["sink_window"] = (True, mod.params["n_sinks"],
+                                                                        mod.params["window"])
+    if score_mod is not None:
+        if score_mod.name == "alibi":
+            spec["ALIBI"], spec["slopes"] = True, score_mod.params["slopes"]
+        else:
+            spec["SOFTCAP"], spec["cap"] = True, score_mod.params["cap"]
+    if spec["doc"] is not None and spec["doc"].shape[-1] != t_q or t_q != t_k and spec["HAS_DOC"]:
+        return None
+    return spec
+
+
+def tile_for(dtype, block_mask=None):
+    """The square tile: the block mask's size if it has one, else 16 under the interpreter, 64 for
+    fp16/bf16 and 32 for fp32/fp64 on a GPU."""
+    if block_mask is not None:
+        return block_mask.block_size
+    if triton_flash.RUNS_ON_CPU:
+        return 16
+    return 64 if dtype in (torch.float16, torch.bfloat16) else 32
+
+
+def _lists(array, device, dims):
+    """A block-mask array as an int32 tensor on ``device``, with stride 0 over its broadcast (size-1) B and H."""
+    t = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32)).to(device)
+    strides = [0 if t.shape[d] == 1 else t.stride(d) for d in dims]
+    return t, strides
+
+
+def forward_with_lse(q4, k4, v4, spec, bm, scale):
+    """Run the kernel on (B, H, T, d) tensors with block mask ``bm`` (its block size is the tile);
+    return ``(out, lse)``, lse in log2 units (-inf for a row with no key)."""
+    n_batch, n_heads, t_q, d_k = q4.shape
+    t_k, d_v = k4.shape[2], v4.shape[3]
+    device = q4.device
+    out_dtype = torch.float32 if triton_flash.RUNS_ON_CPU and q4.dtype == torch.bfloat16 else q4.dtype
+    out = torch.empty((n_batch, n_heads, t_q, d_v), dtype=out_dtype, device=device)
+    lse = torch.empty((n_batch, n_heads, t_q), dtype=torch.float64 if q4.dtype == torch.float64 else torch.float32,
+                      device=device)
+    block = bm.block_size
+    kv_num, (snz, snh) = _lists(bm.kv_num_blocks, device, (0, 1))
+    full_num, _ = _lists(bm.full_kv_num_blocks, device, (0, 1))
+    kv_idx, (siz, sih) = _lists(bm.kv_indices, device, (0, 1))
+    full_idx, _ = _lists(bm.full_kv_indices, device, (0, 1))
+    if (kv_num.shape[0] != 1) != (full_num.shape[0] != 1):  # pragma: no cover - one BlockMask, one shape
+        raise AssertionError("block mask arrays disagree")
+    doc = torch.zeros(1, dtype=torch.int64, device=device)
+    stride_doc = 0
+    if spec["doc"] is not None:
+        doc = torch.from_numpy(np.ascontiguousarray(spec["doc"], dtype=np.int64)).to(device)
+        stride_doc = doc.stride(0) if doc.ndim == 2 else 0
+    prefix = torch.zeros(1, dtype=torch.int64, device=device)
+    if spec["prefix"] is not None:
+        prefix = torch.from_numpy(np.ascontiguousarray(spec["prefix"], dtype=np.int64)).to(device)
+    slopes = torch.zeros(1, dtype=torch.float64, device=device)
+    if spec["slopes"] is not None:
+        slopes = torch.from_numpy(np.ascontiguousarray(spec["slopes"], dtype=np.float64)).to(device)
+    upcast, acc_dtype, dot_precision = triton_flash.kernel_dtypes(q4.dtype)
+    scale_arg, cap_arg = triton_flash.scale_arguments(q4.dtype, device, scale, spec["cap"])
+    grid = (triton.cdiv(t_q, block) * n_batch * n_heads,)
+    _flex_fwd[grid](
+        q4, k4, v4, out, lse, kv_num, kv_idx, full_num, full_idx, doc, doc, prefix, slopes,
+        *q4.stride(), *k4.stride(), *v4.stride(), *out.stride(),
+        snz, snh, siz, sih, stride_doc, 0 if prefix.numel() == 1 else 1,
+        n_heads, t_q, t_k, bm.kv_indices.shape[-1], scale_arg, spec["window"], spec["n_sinks"],
+        spec["sink_window"], cap_arg,
+        HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
+        BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK=block,
+        HAS_CAUSAL=spec["HAS_CAUSAL"], HAS_WINDOW=spec["HAS_WINDOW"], HAS_DOC=spec["HAS_DOC"],
+        HAS_PREFIX=spec["HAS_PREFIX"], HAS_SINKS=spec["HAS_SINKS"], ALIBI=spec["ALIBI"], SOFTCAP=spec["SOFTCAP"],
+        UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
+        SCALES_IN_MEMORY=q4.dtype == torch.float64,
+    )
+    return out, lse
