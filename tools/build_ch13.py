@@ -51,7 +51,6 @@ it write, through [chapter 12](12_generating_text.ipynb)'s cached loop.
 - measure which heads look at the previous character or copy, over several trained
   seeds, and test what they do by ablation.
 """),
-        code(install_source, "remove-cell"),
         code(r"""
 %matplotlib inline
 import inspect
@@ -142,11 +141,12 @@ training budget? Both were trained below with the same recipe, and a loss per
 """),
         code(r"""
 char_runs = {s: gpt.load(f)[2] for s, f in gpt.stored_seeds().items()}
-bpe_runs = {s: gpt.load(f)[2] for s, f in gpt.stored_seeds(gpt.DEFAULT_DIR / "bpe").items()}
+bpe_folders = gpt.stored_seeds(gpt.DEFAULT_DIR / "bpe")
+bpe_runs = {s: gpt.load(f)[2] for s, f in bpe_folders.items()}
 for name, runs in (("characters", char_runs), ("BPE", bpe_runs)):
     losses = [log["heldout_nats_per_char"] for log in runs.values()]
-    print(f"{name:<10} {len(runs)} seeds: held-out {min(losses):.3f} to {max(losses):.3f} "
-          f"nats per character")
+    print(f"{name:<10} {len(runs)} seeds: held-out {min(losses):.3f} to "
+          f"{max(losses):.3f} nats per character")
 """),
         code(r"""
 char_worst = max(log["heldout_nats_per_char"] for log in char_runs.values())
@@ -184,8 +184,8 @@ print(f"{gpt.parameter_count(model):,} parameters")
 Each step takes {glue:text}`batch` random windows of {glue:text}`window` characters from
 the training text and lowers the mean loss of predicting characters 2 to
 {glue:text}`window` from those before (Adam {cite:p}`kingma2015adam`, with a learning
-rate that warms up, then decays). {glue:text}`n_char_seeds` seeds were trained for
-{glue:text}`steps` steps each and stored. The first {glue:text}`replay_steps` steps
+rate that warms up, then decays). The recipe was trained with {glue:text}`n_char_seeds`
+seeds, for {glue:text}`steps` steps each, and stored. The first {glue:text}`replay_steps` steps
 run again here, from scratch, and must log the same losses as the stored run of seed 0:
 """),
         code(r"""
@@ -219,9 +219,10 @@ for seed, log in char_runs.items():
     ax.plot(held[:, 0], held[:, 1], "o", ms=4, color=ax.lines[-1].get_color())
 for name, style in (("unigram", ":"), ("bigram", "--")):
     ax.axhline(baseline[name], color="grey", ls=style, lw=1)
-    ax.text(steps, baseline[name], f" {name}", va="center", fontsize=9)
+    ax.text(steps, baseline[name], f"{name} ", ha="right", va="bottom", fontsize=9)
 ax.set(xlabel="training step", ylabel="loss, nats per character", ylim=(1, 3.4))
-ax.set_title("Training loss (lines) and held-out loss (dots), four seeds", fontsize=10)
+ax.set_title(f"Training loss (lines) and held-out loss (dots), {len(char_runs)} seeds",
+             fontsize=10)
 ax.legend(fontsize=8, ncol=2)
 plt.show()
 """, "hide-input", alt=("Loss against training step for four seeds: the training losses fall "
@@ -246,30 +247,34 @@ for line in gpt.evaluate():
         code(r"""
 held = {s: gpt.heldout_loss(gpt.load(f)[0]) for s, f in gpt.stored_seeds().items()}
 worst = max(held.values())
-glue("loss_best", round(min(held.values()), 2), display=False)
-glue("loss_worst", round(worst, 2), display=False)
-glue("bits_worst", round(worst / np.log(2), 2), display=False)
+glue("loss_best", round(float(min(held.values())), 2), display=False)
+glue("loss_worst", round(float(worst), 2), display=False)
+glue("bits_worst", round(float(worst / np.log(2)), 2), display=False)
 glue("ppl_worst", round(float(np.exp(worst)), 1), display=False)
 glue("unigram_ppl", round(float(np.exp(baseline["unigram"])), 1), display=False)
-glue("ratio_worst", round(worst / baseline["unigram"], 2), display=False)
+glue("ratio_worst", round(float(worst / baseline["unigram"]), 2), display=False)
 """, "remove-cell"),
         md(r"""
-All {glue:text}`n_char_seeds` land between {glue:text}`loss_best` and {glue:text}`loss_worst` nats per
-character: at worst {glue:text}`bits_worst` bits, a perplexity of
+All {glue:text}`n_char_seeds` land between {glue:text}`loss_best:.2f` and {glue:text}`loss_worst:.2f` nats per
+character: at worst {glue:text}`bits_worst:.2f` bits, a perplexity of
 {glue:text}`ppl_worst` characters against the unigram model's
-{glue:text}`unigram_ppl`, and {glue:text}`ratio_worst` of the unigram loss.
+{glue:text}`unigram_ppl`, and {glue:text}`ratio_worst:.2f` of the unigram loss.
 """),
         md(r"""
 ## Writing
 
 `sampling.generate` runs chapter 12's cached loop and chooses each next character
-from the last logits. At temperature 0 it takes the most likely one, greedy decoding:
+from the last logits. Each layer's cache keeps the last {glue:text}`context` positions, a
+sliding window, so the model can write past the {glue:text}`context` characters it was trained on: with RoPE a query
+sees its keys at the same relative positions as in training. At temperature 0 the loop
+takes the most likely character, greedy decoding:
 """),
         code(r"""
 model, characters, _ = gpt.load(gpt.stored_seeds()[0])
 prompt = "And God said"
 prompt_ids = torch.tensor([characters.encode(prompt)])  # (1, T_0)
-greedy = sampling.generate(model, prompt_ids, 120, temperature=0)
+window = recipes.GPT["context"]  # each layer's cache keeps the last 64 positions
+greedy = sampling.generate(model, prompt_ids, 120, temperature=0, window=window)
 print(characters.decode(greedy[0].tolist()))
 """),
         md(r"""
@@ -280,13 +285,15 @@ above 1 it flattens it. One next-character distribution, three temperatures:
 """),
         code(r"""
 with torch.no_grad():
-    logits = model(prompt_ids)[0, -1]  # (V,): the scores for the character after the prompt
+    logits = model(prompt_ids)[0, -1]  # (V,): scores for the character after the prompt
 top = torch.argsort(logits, descending=True)[:12]
+shown = {" ": "space", "\n": "newline"}  # characters a bar label cannot show
 fig, axes = plt.subplots(1, 3, figsize=(9, 2.8), sharey=True, constrained_layout=True)
 for ax, tau in zip(axes, (0.5, 1.0, 2.0)):
     p = torch.softmax(logits.double() / tau, dim=-1)
     ax.bar(range(len(top)), p[top].numpy(), color="C0")
-    ax.set_xticks(range(len(top)), [repr(characters.vocab[i])[1:-1] for i in top])
+    labels = [shown.get(characters.vocab[i], characters.vocab[i]) for i in top]
+    ax.set_xticks(range(len(top)), labels, rotation=90)
     ax.set_title(f"temperature {tau}: top {p[top[0]]:.2f}", fontsize=10)
 axes[0].set_ylabel("probability of the next character")
 plt.show()
@@ -306,7 +313,7 @@ print(inspect.getsource(sampling.sample_next))
 settings = [dict(temperature=0.8), dict(temperature=1.0, top_k=5),
             dict(temperature=1.0, top_p=0.9)]
 for options in settings:
-    ids = sampling.generate(model, prompt_ids, 160, seed=1, **options)
+    ids = sampling.generate(model, prompt_ids, 160, seed=1, window=window, **options)
     print(options, "\n", characters.decode(ids[0].tolist()), "\n")
 """),
         md(r"""
@@ -314,14 +321,16 @@ The cached loop and a loop that recomputes every position choose the same charac
 and the cache of this small model is tiny:
 """),
         code(r"""
-options = dict(temperature=0.8, seed=1)
+options = dict(temperature=0.8, seed=1, window=window)
 cached = sampling.generate(model, prompt_ids, 100, **options)
 recomputed = sampling.generate(model, prompt_ids, 100, cached=False, **options)
 print("same characters:", torch.equal(cached, recomputed))
 n_heads, d_model = recipes.GPT["n_heads"], recipes.GPT["d_model"]
-cache_bytes = attnlib.kv_cache_bytes(recipes.GPT["n_layers"], n_heads, d_model // n_heads,
-                                     "float32", seq_len=recipes.GPT["context"])
-print(f"the cache of a full {recipes.GPT['context']}-character window: {cache_bytes:,} bytes")
+context = recipes.GPT["context"]
+n_layers = recipes.GPT["n_layers"]
+cache_bytes = attnlib.kv_cache_bytes(n_layers, n_heads, d_model // n_heads, "float32",
+                                     seq_len=context)
+print(f"the cache of a full {context}-character window: {cache_bytes:,} bytes")
 """),
         code(r"""
 assert torch.equal(cached, recomputed)
@@ -419,7 +428,8 @@ for seed, h in heads.items():
     for key in ("heldout", "repeat"):
         rise = h[key].flatten()  # (L * H,)
         others = torch.cat([rise[:top], rise[top + 1:]])
-        row += f"  that head {nats(rise[top])}, others {nats(others.min())} to {nats(others.max())}"
+        row += (f"  that head {nats(rise[top])}, "
+                f"others {nats(others.min())} to {nats(others.max())}")
     print(row)
 """),
         code(r"""
