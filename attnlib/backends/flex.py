@@ -655,7 +655,7 @@ def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mo
         n_b = math.prod(shapes.batch_shape[:-1]) if len(shapes.batch_shape) > 1 else 1
         block_mask = make_block_mask(combined, n_b if per_batch else None, None, shapes.t_q, shapes.t_k,
                                      block_size=block_mask.block_size if block_mask is not None
-                                     else triton_flex.tile_for(q.dtype))
+                                     else triton_flex.tile_for(q.dtype)[0])
     mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, shapes.batch_shape, shapes.t_q, shapes.t_k,
                 group, like=q)
     out, lse = TritonFlex.apply(q, k, v, spec, block_mask, scale, mods)

@@ -31,7 +31,7 @@ import triton.language as tl
 from . import triton_flash
 
 LOG2_E = triton_flash.LOG2_E
-TILES = (16, 32, 64, 128)  # block sizes the kernel takes (square tiles)
+TILES = (16, 32, 64, 128, 256, 512)  # block-mask block sizes the kernel takes (a multiple of its tile)
 
 
 @triton.jit
@@ -62,17 +62,19 @@ def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope,
                     stride_kn, stride_kd, stride_vn, stride_vd,
                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
                     HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr,
-                    BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr,
                     HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
                     HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
                     SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):
-    """Fold the ``n_blocks`` key tiles listed at ``Idx`` into (acc, l_i, m_i)."""
-    offs_n = tl.arange(0, BLOCK).to(tl.int64)
+    """Fold the ``n_blocks`` key blocks listed at ``Idx`` (``BS`` keys each, ``BLOCK_N`` at a time) into
+    (acc, l_i, m_i)."""
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for n in range(0, n_blocks):
-        keys = tl.load(Idx + n).to(tl.int64) * BLOCK + offs_n  # (BLOCK,) key indices of the listed tile
+    for n in range(0, n_blocks * (BS // BLOCK_N)):
+        block = tl.load(Idx + n // (BS // BLOCK_N)).to(tl.int64)  # the listed key block
+        keys = block * BS + (n % (BS // BLOCK_N)) * BLOCK_N + offs_n  # (BLOCK_N,) key indices of this tile
         k = tl.load(K + offs_dk[:, None] * stride_kd + keys[None, :] * stride_kn,
                     mask=(offs_dk[:, None] < HEAD_DK) & (keys[None, :] < T_k), other=0.0)
         v = tl.load(V + keys[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
@@ -111,13 +113,15 @@ def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Pre
               stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
               H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap,
               HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-              BLOCK: tl.constexpr, HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
+              HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
               HAS_DOC: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr,
               ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
               DOT_PRECISION: tl.constexpr, SCALES_IN_MEMORY: tl.constexpr):
-    """One program: query tile ``pid % n_m`` of (batch, head) ``pid // n_m``, over its listed key tiles."""
+    """One program: query tile ``pid % n_m`` of (batch, head) ``pid // n_m``, over the key blocks the block
+    mask (of ``BS`` x ``BS`` blocks; BLOCK_M and BLOCK_N divide BS) lists for the query block it lies in."""
     pid = tl.program_id(0).to(tl.int64)
-    n_m = tl.cdiv(T_q, BLOCK)
+    n_m = tl.cdiv(T_q, BLOCK_M)
     start_m = pid % n_m
     off_hz = pid // n_m
     if SCALES_IN_MEMORY:  # fp64: a float argument would reach the kernel as fp32
@@ -130,32 +134,33 @@ def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Pre
     V += off_z * stride_vz + off_h * stride_vh
     Out += off_z * stride_oz + off_h * stride_oh
     Lse += off_hz * T_q
-    lists = off_z * stride_nz + off_h * stride_nh + start_m  # this tile's entry in the block mask
-    rows = off_z * stride_iz + off_h * stride_ih + start_m * n_kv_blocks
+    q_block = start_m * BLOCK_M // BS  # this tile's query block in the block mask
+    lists = off_z * stride_nz + off_h * stride_nh + q_block
+    rows = off_z * stride_iz + off_h * stride_ih + q_block * n_kv_blocks
     prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
     slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
 
-    offs_m = start_m * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_dk[None, :] * stride_qd,
                 mask=(offs_m[:, None] < T_q) & (offs_dk[None, :] < HEAD_DK), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.zeros([BLOCK], dtype=ACC_DTYPE) - float("inf")
-    l_i = tl.zeros([BLOCK], dtype=ACC_DTYPE)
-    acc = tl.zeros([BLOCK, BLOCK_DV], dtype=ACC_DTYPE)
+    m_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
     # the full tiles: no mask; then the partial ones: the mask_mods entry by entry
     acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, FullIdx + rows, tl.load(FullNum + lists), offs_m,
                                     off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
                                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
-                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK, False,
+                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, False,
                                     HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, ALIBI, SOFTCAP,
                                     UPCAST, ACC_DTYPE, DOT_PRECISION)
     acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, KvIdx + rows, tl.load(KvNum + lists), offs_m,
                                     off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
                                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
-                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK, True,
+                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, True,
                                     HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, ALIBI, SOFTCAP,
                                     UPCAST, ACC_DTYPE, DOT_PRECISION)
     empty = l_i == 0.0  # a row with no key: output 0, log-sum-exp -inf
@@ -236,14 +241,21 @@ def kernel_spec(score_mod, mask_mod, causal, window, t_q, t_k, group):
     return spec
 
 
-def tile_for(dtype, block_mask=None):
-    """The square tile: the block mask's size if it has one, else 16 under the interpreter, 64 for
-    fp16/bf16 and 32 for fp32/fp64 on a GPU."""
-    if block_mask is not None:
-        return block_mask.block_size
+def tile_for(dtype):
+    """``(BLOCK_M, BLOCK_N, num_warps)``, the kernel's tile: 16 x 16 under the interpreter; on a GPU
+    128 x 64 with 8 warps for fp16/bf16, 32 x 32 for fp32 and 16 x 16 for fp64 (the largest that
+    compiled for sm_90 without a register spill with every mod on; tests/test_triton_flex.py compiles
+    each). A block mask's blocks must be a multiple of the tile: smaller tiles walk each block."""
     if triton_flash.RUNS_ON_CPU:
-        return 16
-    return 64 if dtype in (torch.float16, torch.bfloat16) else 32
+        return 16, 16, 4
+    return {torch.float16: (128, 64, 8), torch.bfloat16: (128, 64, 8), torch.float32: (32, 32, 4)}.get(
+        dtype, (16, 16, 4))
+
+
+def kernel_tile(dtype, block_size):
+    """The tile for a block mask of ``block_size`` blocks: :func:`tile_for`, shrunk to divide the blocks."""
+    block_m, block_n, warps = tile_for(dtype)
+    return min(block_m, block_size), min(block_n, block_size), warps
 
 
 def _lists(array, device, dims):
@@ -263,7 +275,7 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
     out = torch.empty((n_batch, n_heads, t_q, d_v), dtype=out_dtype, device=device)
     lse = torch.empty((n_batch, n_heads, t_q), dtype=torch.float64 if q4.dtype == torch.float64 else torch.float32,
                       device=device)
-    block = bm.block_size
+    block_m, block_n, warps = kernel_tile(q4.dtype, bm.block_size)
     kv_num, (snz, snh) = _lists(bm.kv_num_blocks, device, (0, 1))
     full_num, _ = _lists(bm.full_kv_num_blocks, device, (0, 1))
     kv_idx, (siz, sih) = _lists(bm.kv_indices, device, (0, 1))
@@ -283,7 +295,7 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
         slopes = torch.from_numpy(np.ascontiguousarray(spec["slopes"], dtype=np.float64)).to(device)
     upcast, acc_dtype, dot_precision = triton_flash.kernel_dtypes(q4.dtype)
     scale_arg, cap_arg = triton_flash.scale_arguments(q4.dtype, device, scale, spec["cap"])
-    grid = (triton.cdiv(t_q, block) * n_batch * n_heads,)
+    grid = (triton.cdiv(t_q, block_m) * n_batch * n_heads,)
     _flex_fwd[grid](
         q4, k4, v4, out, lse, kv_num, kv_idx, full_num, full_idx, doc, doc, prefix, slopes,
         *q4.stride(), *k4.stride(), *v4.stride(), *out.stride(),
@@ -291,10 +303,10 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
         n_heads, t_q, t_k, bm.kv_indices.shape[-1], scale_arg, spec["window"], spec["n_sinks"],
         spec["sink_window"], cap_arg,
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
-        BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK=block,
+        BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK_M=block_m, BLOCK_N=block_n, BS=bm.block_size,
         HAS_CAUSAL=spec["HAS_CAUSAL"], HAS_WINDOW=spec["HAS_WINDOW"], HAS_DOC=spec["HAS_DOC"],
         HAS_PREFIX=spec["HAS_PREFIX"], HAS_SINKS=spec["HAS_SINKS"], ALIBI=spec["ALIBI"], SOFTCAP=spec["SOFTCAP"],
         UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
-        SCALES_IN_MEMORY=q4.dtype == torch.float64,
+        SCALES_IN_MEMORY=q4.dtype == torch.float64, num_warps=warps,
     )
     return out, lse
