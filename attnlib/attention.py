@@ -149,14 +149,21 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
         Called with arrays of the input's kind: integer indices that broadcast
         against the scores (``h`` the head, dimension -3; ``b`` the batch entry).
         ``numpy``, ``loop``, ``torch`` and ``tiled`` call any score_mod;
-        ``sdpa`` and ``triton`` only one that adds a bias (``mods.additive``).
+        ``triton`` runs the gallery's (ALiBi, soft cap) in its kernel and any
+        that adds a bias (``mods.additive``) as a mask; ``sdpa`` only the
+        latter. Soft cap on ``triton`` has no gradient.
     mask_mod : function ``(b, h, q_idx, kv_idx) -> bool``, optional
         FlexAttention's: True where a query may attend a key. It combines with
         ``mask``, ``causal`` and ``window``: a key must be allowed by all.
+        ``triton`` runs the gallery's mask_mods (and-ed) in a kernel of its own
+        (:mod:`attnlib.backends.triton_flex`) that skips the key tiles no query
+        of a tile sees; other functions, or any mask_mod with a ``mask``, become
+        a (..., T_q, T_k) boolean mask.
     block_mask : attnlib.BlockMask, optional
         From :func:`attnlib.block_mask`; its mask_mod is used (pass the same
-        function as ``mask_mod``, or none). ``tiled`` visits only the key blocks
-        it lists (its block size is the tiles'); the others apply the mask_mod.
+        function as ``mask_mod``, or none). ``tiled`` and ``triton`` visit only
+        the key blocks it lists (``tiled`` in tiles of its block size); the
+        others apply the mask_mod.
     empty_rows : "raise" or "zero"
         What a query left with no key gets: a MaskError (the default), or, with
         ``"zero"``, output 0 and no gradient, as SDPA and FlexAttention answer
