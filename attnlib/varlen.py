@@ -11,7 +11,9 @@ Here that is the document mask of :mod:`attnlib.mods` on one long sequence
 (``mask_mod``), with causal alignment bottom-right *within* each sequence (the
 last query of a sequence lines up with its last key, as flash_attn aligns it),
 and a block mask (:func:`attnlib.block_mask`) so that the ``tiled`` backend
-visits only the tiles on the diagonal of sequences.
+visits only the tiles on the diagonal of sequences. The ``triton`` backend runs
+this mask_mod inside its kernel (:mod:`attnlib.backends.triton_flex`) with the
+same skipping, unless the heads are grouped (H_kv < H), where it becomes a mask.
 """
 
 import numpy as np
@@ -61,7 +63,8 @@ def varlen_mask_mod(cu_seqlens_q, cu_seqlens_k, causal=False, window=None):
             keep = keep & (kv_idx > last - window)
         return keep
 
-    return Mod("varlen", mask_mod, sequences=len(cu_q) - 1, causal=causal, window=window)
+    return Mod("varlen", mask_mod, sequences=len(cu_q) - 1, causal=causal, window=window, varlen_tables=True,
+               seq_q=seq_q, seq_k=seq_k, shift=shift_q)
 
 
 def _check(q, k, v, cu_q, cu_k, causal, window):

@@ -7,7 +7,9 @@ prefix length, sink count, ALiBi slopes, cap) as arguments:
 
     keep = causal: j <= i                 window W: i - W < j <= i
            document: doc_q[i] == doc_k[j]  prefix P: j < P or j <= i
-           sinks S, W: j <= i and (j < S or i - j < W)      (all the listed ones, and-ed)
+           sinks S, W: j <= i and (j < S or i - j < W)
+           packed sequences (attnlib.varlen_attention): seq_q[i] == seq_k[j], and causal
+           bottom-right within each, j <= i + shift[i] (and > that - W)     (all listed ones, and-ed)
     s    = q . k * scale;  ALiBi: s += slope[h] * (j - i);  soft cap c: s = c * tanh(s / c)
 
 A program owns one query tile and walks only the key tiles the block mask
@@ -36,8 +38,8 @@ TILES = (16, 32, 64, 128, 256, 512)  # block-mask block sizes the kernel takes (
 
 @triton.jit
 def _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window,
-          HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
-          HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr):
+          Shift, shift_window, HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+          HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr):
     """(BLOCK_M, BLOCK_N) booleans: the keys the gallery's mask_mods (and-ed) leave each query."""
     i = offs_m[:, None]
     j = keys[None, :]
@@ -54,17 +56,23 @@ def _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window,
         keep = keep & ((j < prefix) | (j <= i))
     if HAS_SINKS:
         keep = keep & (j <= i) & ((j < n_sinks) | (i - j < sink_window))
+    if HAS_SHIFT:  # packed sequences: causal bottom-right within each, j <= i + shift[i]
+        last = offs_m[:, None] + tl.load(Shift + offs_m, mask=offs_m < T_q, other=0)[:, None]
+        keep = keep & (j <= last)
+        if shift_window > 0:
+            keep = keep & (j > last - shift_window)
     return keep
 
 
 @triton.jit
 def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope, T_q, T_k, scale,
                     stride_kn, stride_kd, stride_vn, stride_vd,
-                    DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
+                    DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap, Shift, shift_window,
                     HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr,
                     BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr,
                     HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
-                    HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
+                    HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                    ALIBI: tl.constexpr,
                     SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):
     """Fold the ``n_blocks`` key blocks listed at ``Idx`` (``BS`` keys each, ``BLOCK_N`` at a time) into
@@ -90,7 +98,8 @@ def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope,
         s = s * 1.4426950408889634  # log2 units: exp(x) == exp2(x * log2(e))
         if MASKED:
             keep = _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
-                         sink_window, HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS)
+                         sink_window, Shift, shift_window, HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX,
+                         HAS_SINKS, HAS_SHIFT)
         else:  # a full tile: every key allowed (padding rows past T_q are never stored)
             keep = keys[None, :] < T_k
         s = tl.where(keep, s, float("-inf"))
@@ -105,17 +114,17 @@ def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope,
 
 
 @triton.jit
-def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Prefix, Slopes,
+def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Prefix, Slopes, Shift,
               stride_qz, stride_qh, stride_qm, stride_qd,
               stride_kz, stride_kh, stride_kn, stride_kd,
               stride_vz, stride_vh, stride_vn, stride_vd,
               stride_oz, stride_oh, stride_om, stride_od,
               stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
-              H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap,
+              H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
               HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
               HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-              HAS_DOC: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr,
+              HAS_DOC: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr,
               ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
               DOT_PRECISION: tl.constexpr, SCALES_IN_MEMORY: tl.constexpr):
     """One program: query tile ``pid % n_m`` of (batch, head) ``pid // n_m``, over the key blocks the block
@@ -154,14 +163,16 @@ def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Pre
     acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, FullIdx + rows, tl.load(FullNum + lists), offs_m,
                                     off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
                                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
-                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, False,
-                                    HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, ALIBI, SOFTCAP,
+                                    Shift, shift_window, HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, False,
+                                    HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, HAS_SHIFT,
+                                    ALIBI, SOFTCAP,
                                     UPCAST, ACC_DTYPE, DOT_PRECISION)
     acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, KvIdx + rows, tl.load(KvNum + lists), offs_m,
                                     off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
                                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
-                                    HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, True,
-                                    HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, ALIBI, SOFTCAP,
+                                    Shift, shift_window, HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, True,
+                                    HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, HAS_SHIFT,
+                                    ALIBI, SOFTCAP,
                                     UPCAST, ACC_DTYPE, DOT_PRECISION)
     empty = l_i == 0.0  # a row with no key: output 0, log-sum-exp -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -185,7 +196,8 @@ def _flatten(mask_mod):
     if name == "and_masks":
         parts = [_flatten(m) for m in mask_mod.params["mods"]]
         return None if any(p is None for p in parts) else [m for p in parts for m in p]
-    if name in MASK_PRIMITIVES and type(mask_mod).__module__ == "attnlib.mods":
+    if name in MASK_PRIMITIVES and type(mask_mod).__module__ == "attnlib.mods" or getattr(
+            mask_mod, "params", {}).get("varlen_tables"):
         return [mask_mod]
     return None
 
@@ -203,7 +215,8 @@ def kernel_spec(score_mod, mask_mod, causal, window, t_q, t_k, group):
         return None
     spec = {"HAS_CAUSAL": False, "HAS_WINDOW": False, "HAS_DOC": False, "HAS_PREFIX": False, "HAS_SINKS": False,
             "ALIBI": False, "SOFTCAP": False, "window": 1, "n_sinks": 0, "sink_window": 1, "cap": 1.0,
-            "doc": None, "prefix": None, "slopes": None}
+            "doc": None, "doc_k": None, "prefix": None, "slopes": None,
+            "HAS_SHIFT": False, "shift": None, "shift_window": 0}
     if causal:
         if causal == "bottom-right" and t_q != t_k:
             return None
@@ -226,6 +239,13 @@ def kernel_spec(score_mod, mask_mod, causal, window, t_q, t_k, group):
             if spec["HAS_PREFIX"]:
                 return None
             spec["HAS_PREFIX"], spec["prefix"] = True, np.atleast_1d(np.asarray(mod.params["prefix_length"]))
+        elif name == "varlen":  # attnlib.varlen_attention's packed sequences
+            if spec["HAS_DOC"] or spec["HAS_SHIFT"]:
+                return None
+            spec["HAS_DOC"], spec["doc"], spec["doc_k"] = True, mod.params["seq_q"], mod.params["seq_k"]
+            if mod.params["causal"]:
+                spec["HAS_SHIFT"], spec["shift"] = True, mod.params["shift"]
+                spec["shift_window"] = mod.params["window"] or 0
         elif name == "attention_sinks":
             if spec["HAS_SINKS"]:
                 return None
@@ -236,8 +256,10 @@ def kernel_spec(score_mod, mask_mod, causal, window, t_q, t_k, group):
             spec["ALIBI"], spec["slopes"] = True, score_mod.params["slopes"]
         else:
             spec["SOFTCAP"], spec["cap"] = True, score_mod.params["cap"]
-    if spec["doc"] is not None and spec["doc"].shape[-1] != t_q or t_q != t_k and spec["HAS_DOC"]:
-        return None
+    if spec["HAS_DOC"]:
+        spec["doc_k"] = spec["doc"] if spec["doc_k"] is None else spec["doc_k"]
+        if spec["doc"].shape[-1] != t_q or spec["doc_k"].shape[-1] != t_k:
+            return None
     return spec
 
 
@@ -282,11 +304,14 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
     full_idx, _ = _lists(bm.full_kv_indices, device, (0, 1))
     if (kv_num.shape[0] != 1) != (full_num.shape[0] != 1):  # pragma: no cover - one BlockMask, one shape
         raise AssertionError("block mask arrays disagree")
-    doc = torch.zeros(1, dtype=torch.int64, device=device)
+    doc = doc_k = shift = torch.zeros(1, dtype=torch.int64, device=device)
     stride_doc = 0
     if spec["doc"] is not None:
-        doc = torch.from_numpy(np.ascontiguousarray(spec["doc"], dtype=np.int64)).to(device)
+        doc, doc_k = (torch.from_numpy(np.ascontiguousarray(spec[name], dtype=np.int64)).to(device)
+                      for name in ("doc", "doc_k"))
         stride_doc = doc.stride(0) if doc.ndim == 2 else 0
+    if spec["shift"] is not None:
+        shift = torch.from_numpy(np.ascontiguousarray(spec["shift"], dtype=np.int64)).to(device)
     prefix = torch.zeros(1, dtype=torch.int64, device=device)
     if spec["prefix"] is not None:
         prefix = torch.from_numpy(np.ascontiguousarray(spec["prefix"], dtype=np.int64)).to(device)
@@ -297,15 +322,16 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
     scale_arg, cap_arg = triton_flash.scale_arguments(q4.dtype, device, scale, spec["cap"])
     grid = (triton.cdiv(t_q, block_m) * n_batch * n_heads,)
     _flex_fwd[grid](
-        q4, k4, v4, out, lse, kv_num, kv_idx, full_num, full_idx, doc, doc, prefix, slopes,
+        q4, k4, v4, out, lse, kv_num, kv_idx, full_num, full_idx, doc, doc_k, prefix, slopes, shift,
         *q4.stride(), *k4.stride(), *v4.stride(), *out.stride(),
         snz, snh, siz, sih, stride_doc, 0 if prefix.numel() == 1 else 1,
         n_heads, t_q, t_k, bm.kv_indices.shape[-1], scale_arg, spec["window"], spec["n_sinks"],
-        spec["sink_window"], cap_arg,
+        spec["sink_window"], cap_arg, spec["shift_window"],
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
         BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK_M=block_m, BLOCK_N=block_n, BS=bm.block_size,
         HAS_CAUSAL=spec["HAS_CAUSAL"], HAS_WINDOW=spec["HAS_WINDOW"], HAS_DOC=spec["HAS_DOC"],
-        HAS_PREFIX=spec["HAS_PREFIX"], HAS_SINKS=spec["HAS_SINKS"], ALIBI=spec["ALIBI"], SOFTCAP=spec["SOFTCAP"],
+        HAS_PREFIX=spec["HAS_PREFIX"], HAS_SINKS=spec["HAS_SINKS"], HAS_SHIFT=spec["HAS_SHIFT"],
+        ALIBI=spec["ALIBI"], SOFTCAP=spec["SOFTCAP"],
         UPCAST=upcast, ACC_DTYPE=acc_dtype, DOT_PRECISION=dot_precision,
         SCALES_IN_MEMORY=q4.dtype == torch.float64, num_warps=warps,
     )
