@@ -84,6 +84,34 @@ def test_tiles_the_block_mask_leaves_out_are_never_loaded(monkeypatch):
     assert len(calls) == skipped_tiles.shape[0]  # every call ran the mod kernel
 
 
+def test_backward_never_loads_skipped_tiles():
+    """dQ of a query tile with NaN in the values of the key tiles it skips, and dK, dV of a key tile with NaN
+    in the upstream gradients of the query tiles that skip it: still right (a loaded tile would give
+    0 * NaN = NaN)."""
+    mask_mod = mods.and_masks(mods.causal(), mods.document(DOC))
+    bm = attnlib.block_mask(mask_mod, None, None, T, T, block_size=16)
+    q, k, v, d_out = tensors(1, 2, T, 8, seed=8)
+    expected = attnlib.attention_backward(q, k, v, d_out, mask_mod=mask_mod, backend="torch")
+    skipped = torch.from_numpy(~bm.visited[0, 0])  # (query tile, key tile)
+    for i in range(skipped.shape[0]):
+        v2 = v.clone()
+        for j in torch.nonzero(skipped[i]).flatten().tolist():
+            v2[..., j * 16:(j + 1) * 16, :] = float("nan")
+        with attnlib.unchecked():
+            dq = attnlib.attention_backward(q, k, v2, d_out, block_mask=bm, backend="triton")[0]
+        rows = slice(i * 16, (i + 1) * 16)
+        torch.testing.assert_close(dq[..., rows, :], expected[0][..., rows, :], atol=1e-12, rtol=0)
+    for j in range(skipped.shape[1]):
+        d2 = d_out.clone()
+        for i in torch.nonzero(skipped[:, j]).flatten().tolist():
+            d2[..., i * 16:(i + 1) * 16, :] = float("nan")
+        with attnlib.unchecked():
+            _, dk, dv = attnlib.attention_backward(q, k, v, d2, block_mask=bm, backend="triton")
+        keys = slice(j * 16, (j + 1) * 16)
+        torch.testing.assert_close(dk[..., keys, :], expected[1][..., keys, :], atol=1e-12, rtol=0)
+        torch.testing.assert_close(dv[..., keys, :], expected[2][..., keys, :], atol=1e-12, rtol=0)
+
+
 GALLERY = {
     "causal": dict(mask_mod=mods.causal()),
     "sliding_window": dict(mask_mod=mods.sliding_window(9)),
@@ -109,13 +137,18 @@ def test_autograd_through_the_mod_kernel(name):
         torch.testing.assert_close(x.grad, e, atol=1e-12, rtol=0)
 
 
-def test_soft_cap_forward_runs_in_the_kernel_and_refuses_autograd():
-    q, k, v, _ = tensors(1, 2, T, 8, seed=2)
+def test_soft_cap_forward_and_backward_in_the_kernels():
+    q, k, v, d_out = tensors(1, 2, T, 8, seed=2)
     kw = dict(score_mod=mods.soft_cap(0.7), mask_mod=mods.sliding_window(10))
-    torch.testing.assert_close(attnlib.attention(q, k, v, backend="triton", **kw),
-                               attnlib.attention(q, k, v, backend="torch", **kw), atol=1e-13, rtol=0)
-    with pytest.raises(ValueError, match="no gradient for it.*backend='torch'"):
-        attnlib.attention(q.requires_grad_(), k, v, backend="triton", **kw)
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = attnlib.attention(*xs, backend="triton", **kw)
+    torch.testing.assert_close(out.detach(), attnlib.attention(q, k, v, backend="torch", **kw), atol=1e-13, rtol=0)
+    out.backward(d_out)
+    expected = attnlib.attention_backward(q, k, v, d_out, backend="torch", **kw)
+    direct = attnlib.attention_backward(q, k, v, d_out, backend="triton", **kw)
+    for x, d, e in zip(xs, direct, expected):
+        torch.testing.assert_close(x.grad, e, atol=1e-12, rtol=0)
+        torch.testing.assert_close(d, e, atol=1e-12, rtol=0)
 
 
 def test_rows_with_no_key_in_the_kernel():
@@ -165,18 +198,20 @@ COMPILE = textwrap.dedent('''
     from triton.runtime.jit import create_function_from_signature
     from attnlib.backends import triton_flash, triton_flex
     from attnlib.bench.sm90 import _resource_usage
-    fn = triton_flex._flex_fwd
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-      for d in (64, 128):
+    for fn, dtype, d in [(fn, dtype, d) for fn in (triton_flex._flex_fwd, triton_flex._flex_bwd_dq,
+                                                     triton_flex._flex_bwd_dkdv)
+                         for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+                         for d in (64, 128)]:
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
         block_m, block_n, warps = triton_flex.tile_for(dtype)  # the GPU's tiles: no interpreter here
         data, i32 = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.int32)
         stats = torch.empty(16, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         upcast, acc, precision = triton_flash.kernel_dtypes(dtype)
         scale, cap = triton_flash.scale_arguments(dtype, "cpu", 0.125, 30.0)
-        values = dict(Q=data, K=data, V=data, Out=data, Lse=stats, KvNum=i32, KvIdx=i32, FullNum=i32, FullIdx=i32,
+        values = dict(Q=data, K=data, V=data, Out=data, Lse=stats, DO=data, DQ=data, DK=data, DV=data, Delta=stats,
+                      QNum=i32, QIdx=i32, n_q_blocks=64, KvNum=i32, KvIdx=i32, FullNum=i32, FullIdx=i32,
                       DocQ=torch.empty(16, dtype=torch.int64), DocK=torch.empty(16, dtype=torch.int64),
                       Prefix=torch.empty(16, dtype=torch.int64), Slopes=torch.empty(16, dtype=torch.float64),
                       Shift=torch.empty(16, dtype=torch.int64), shift_window=256, HAS_SHIFT=True,
@@ -192,19 +227,20 @@ COMPILE = textwrap.dedent('''
         compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                                   options=options.__dict__)
         regs, spill = _resource_usage(compiled.asm["cubin"])
-        print("compiled", str(dtype), f"{block_m}x{block_n}", d, regs, spill, compiled.metadata.shared)
+        print("compiled", fn.__name__, str(dtype), f"{block_m}x{block_n}", d, regs, spill, compiled.metadata.shared)
 ''')
 
 
 def test_the_mod_kernel_compiles_for_sm90():
     """Every flag on, at the GPU's tiles (triton_flex.tile_for: fp16 and bf16 128 x 64 with 8 warps, fp32
-    32 x 32, fp64 16 x 16), d 64 and 128, over 128-key blocks: compiled ahead of time
+    32 x 32, fp64 16 x 16), d 64 and 128, over 128-key blocks, forward and both backward kernels: compiled
+    ahead of time
     for the H100 with the ptxas the triton wheel bundles, in a subprocess without TRITON_INTERPRET."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith("compiled")]
-    assert run.returncode == 0 and len(rows) == 8, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.returncode == 0 and len(rows) == 24, run.stdout[-2000:] + run.stderr[-3000:]
     for row in rows:
         assert int(row[-1]) <= 232_448, row  # shared memory within the H100's limit
         assert int(row[-2]) == 0, f"register spill: {row}"

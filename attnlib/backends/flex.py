@@ -611,6 +611,11 @@ def backward(name, backward_function, backend_kind, q, k, v, d_out, mask, causal
         if name == "tiled":
             return tiled_backward(q, k, v, d_out, mods, scale)
         return (torch_backward if backend_kind == "torch" else numpy_backward)(q, k, v, d_out, mods, scale)
+    if name == "triton" and mask is None:  # the gallery's mods inside the kernels, with block skipping
+        grads = _triton_in_kernel_backward(q, k, v, d_out, causal, window, scale, shapes, score_mod, mask_mod,
+                                           block_mask, zero, group)
+        if grads is not None:
+            return grads
     check_score_mod_backend(score_mod, name)
     mods = Mods(score_mod, mask_mod, block_mask, mask, causal, window, shapes.batch_shape, shapes.t_q,
                 shapes.t_k, group, like=q)
@@ -632,18 +637,30 @@ def backward(name, backward_function, backend_kind, q, k, v, d_out, mask, causal
 def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mod, block_mask, zero, group):
     """The output of :mod:`.triton_flex`'s kernel, or None when it cannot run these mods (the caller then
     passes them to the FlashAttention kernel as a dense mask)."""
-    from ..block_mask import block_mask as make_block_mask
-    from ..mods import and_masks, causal as causal_mod, sliding_window
     from ..validation import checking_values
     from . import triton_flex
 
     spec = triton_flex.kernel_spec(score_mod, mask_mod, causal, window, shapes.t_q, shapes.t_k, group)
     if spec is None or (block_mask is not None and block_mask.block_size not in triton_flex.TILES):
         return None
-    if spec["SOFTCAP"] and torch_module().is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise ValueError("backend='triton' runs soft_cap in its forward kernel but has no gradient for it (its "
-                         "backward kernels take the mods as a mask, and a cap is not one); use backend='torch' "
-                         "for autograd, or attention_backward with backend='tiled' or 'numpy'")
+    block_mask = _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask)
+    mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, shapes.batch_shape, shapes.t_q, shapes.t_k,
+                group, like=q)
+    out, lse = TritonFlex.apply(q, k, v, spec, block_mask, scale, mods)
+    if not zero and checking_values():
+        where = first_empty_row(lse == float("-inf"), "torch")
+        if where is not None:
+            raise_empty_row(where, mods, shapes.score_shape)
+    return out
+
+
+def _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask):
+    """The block mask the mod kernel walks: the caller's, or one made from the mods (with causal and
+    window folded in) at the kernel's tile."""
+    from ..block_mask import block_mask as make_block_mask
+    from ..mods import and_masks, causal as causal_mod, sliding_window
+    from . import triton_flex
+
     if block_mask is None or causal:
         parts = [m for m in (mask_mod,) if m is not None]
         if causal:
@@ -656,14 +673,7 @@ def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mo
         block_mask = make_block_mask(combined, n_b if per_batch else None, None, shapes.t_q, shapes.t_k,
                                      block_size=block_mask.block_size if block_mask is not None
                                      else triton_flex.tile_for(q.dtype)[0])
-    mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, shapes.batch_shape, shapes.t_q, shapes.t_k,
-                group, like=q)
-    out, lse = TritonFlex.apply(q, k, v, spec, block_mask, scale, mods)
-    if not zero and checking_values():
-        where = first_empty_row(lse == float("-inf"), "torch")
-        if where is not None:
-            raise_empty_row(where, mods, shapes.score_shape)
-    return out
+    return block_mask
 
 
 def _triton_flex_function():
@@ -680,7 +690,7 @@ def _triton_flex_function():
             out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, bm, scale)
             out = out.to(q.dtype)
             ctx.save_for_backward(q4, k4, v4, out, lse)
-            ctx.scale, ctx.mods, ctx.batch_shape = scale, mods, batch_shape
+            ctx.scale, ctx.mods, ctx.batch_shape, ctx.spec, ctx.bm = scale, mods, batch_shape, spec, bm
             ctx.shapes = (q.shape, k.shape, v.shape)
             shape = (*batch_shape, q.shape[-2])
             return out.reshape(*shape, v.shape[-1]), lse.reshape(shape)
@@ -689,12 +699,8 @@ def _triton_flex_function():
         @torch.autograd.function.once_differentiable
         def backward(ctx, d_out, _d_lse):
             q4, k4, v4, out, lse = ctx.saved_tensors
-            empty = lse == float("-inf")  # rows with no key: no gradient
-            dense = dense_mask(ctx.mods, q4.dtype, fold_causal=True)
-            d_out = d_out.masked_fill(empty.reshape(*ctx.batch_shape, -1)[..., None], 0.0)
-            grads = triton_backward.grads_from_lse(q4, k4, v4, out, lse.masked_fill(empty, 0.0), d_out, dense,
-                                                   None, ctx.scale, ctx.batch_shape,
-                                                   need_dq=ctx.needs_input_grad[0])
+            d_out4 = triton_flash._as_4d(d_out, ctx.batch_shape)
+            grads = triton_flex.grads_from_lse(q4, k4, v4, out, lse, d_out4, ctx.spec, ctx.bm, ctx.scale)
             dq, dk, dv = triton_backward._to_input_shapes(grads, ctx.shapes, ctx.batch_shape, q4.dtype)
             return dq, dk, dv, None, None, None, None
 
@@ -713,3 +719,27 @@ class _Lazy:
 
 
 TritonFlex = _Lazy()
+
+
+def _triton_in_kernel_backward(q, k, v, d_out, causal, window, scale, shapes, score_mod, mask_mod, block_mask,
+                               zero, group):
+    """``(dq, dk, dv)`` (broadcast batch shape) from :mod:`.triton_flex`'s kernels, or None when they cannot
+    run these mods."""
+    from ..validation import checking_values
+    from . import triton_flash, triton_flex
+
+    spec = triton_flex.kernel_spec(score_mod, mask_mod, causal, window, shapes.t_q, shapes.t_k, group)
+    if spec is None or (block_mask is not None and block_mask.block_size not in triton_flex.TILES):
+        return None
+    block_mask = _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask)
+    batch_shape = tuple(shapes.batch_shape)
+    q4, k4, v4, d4 = (triton_flash._as_4d(x, batch_shape) for x in (q, k, v, d_out))
+    out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, block_mask, scale)
+    if not zero and checking_values():
+        where = first_empty_row(lse.reshape(*batch_shape, -1) == float("-inf"), "torch")
+        if where is not None:
+            mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, batch_shape, shapes.t_q,
+                        shapes.t_k, group, like=q)
+            raise_empty_row(where, mods, shapes.score_shape)
+    grads = triton_flex.grads_from_lse(q4, k4, v4, out.to(q.dtype), lse, d4, spec, block_mask, scale)
+    return tuple(g.reshape(*batch_shape, *g.shape[-2:]) for g in grads)

@@ -336,3 +336,257 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
         SCALES_IN_MEMORY=q4.dtype == torch.float64, num_warps=warps,
     )
     return out, lse
+
+
+# ---------------------------------------------------------------- the backward pass, over the same tiles
+
+@triton.jit
+def _flex_scores(q, kT, offs_m, keys, off_z, slope, lse, T_q, T_k, scale,
+                 DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap, Shift, shift_window,
+                 MASKED: tl.constexpr, HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+                 HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                 ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """``(P, dS/dS_raw)`` of one (BLOCK_M, BLOCK_N) tile: the forward's weights from its log-sum-exp
+    (log2 units), and the score_mod's derivative (1 unless soft-capped)."""
+    s = tl.dot(q, kT, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION) * scale
+    if ALIBI:
+        s += slope * (keys[None, :] - offs_m[:, None]).to(ACC_DTYPE)
+    slope_of_mod = tl.full(s.shape, 1.0, ACC_DTYPE)
+    if SOFTCAP:
+        t = 1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0)  # tanh(s / cap)
+        s = cap * t
+        slope_of_mod = 1.0 - t * t
+    if MASKED:
+        keep = _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
+                     sink_window, Shift, shift_window, HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX,
+                     HAS_SINKS, HAS_SHIFT)
+    else:
+        keep = (keys[None, :] < T_k) & (offs_m[:, None] < T_q)
+    p = tl.where(keep, tl.exp2(s * 1.4426950408889634 - lse[:, None]), 0.0)
+    return p, slope_of_mod
+
+
+@triton.jit
+def _flex_bwd_dq(Q, K, V, DO, Lse, Delta, DQ, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Prefix, Slopes,
+                 Shift,
+                 stride_qz, stride_qh, stride_qm, stride_qd,
+                 stride_kz, stride_kh, stride_kn, stride_kd,
+                 stride_vz, stride_vh, stride_vn, stride_vd,
+                 stride_doz, stride_doh, stride_dom, stride_dod,
+                 stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+                 stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
+                 H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
+                 HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
+                 HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+                 HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                 ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, SCALES_IN_MEMORY: tl.constexpr):
+    """One program: dQ of one query tile, over the key blocks listed for its query block."""
+    pid = tl.program_id(0).to(tl.int64)
+    n_m = tl.cdiv(T_q, BLOCK_M)
+    start_m = pid % n_m
+    off_hz = pid // n_m
+    if SCALES_IN_MEMORY:
+        scale = tl.load(scale)
+        cap = tl.load(cap)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    Q += off_z * stride_qz + off_h * stride_qh
+    K += off_z * stride_kz + off_h * stride_kh
+    V += off_z * stride_vz + off_h * stride_vh
+    DO += off_z * stride_doz + off_h * stride_doh
+    DQ += off_z * stride_dqz + off_h * stride_dqh
+    Lse += off_hz * T_q
+    Delta += off_hz * T_q
+    q_block = start_m * BLOCK_M // BS
+    lists = off_z * stride_nz + off_h * stride_nh + q_block
+    rows = off_z * stride_iz + off_h * stride_ih + q_block * n_kv_blocks
+    prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
+    slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    in_q = offs_m < T_q
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_dk[None, :] * stride_qd,
+                mask=in_q[:, None] & (offs_dk[None, :] < HEAD_DK), other=0.0)
+    do = tl.load(DO + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+                 mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)
+    lse = tl.load(Lse + offs_m, mask=in_q, other=0.0)
+    delta = tl.load(Delta + offs_m, mask=in_q, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_DK], dtype=ACC_DTYPE)
+    for stage in tl.static_range(2):  # the full key blocks, then the partial ones
+        Idx = (FullIdx if stage == 0 else KvIdx) + rows
+        n_blocks = tl.load((FullNum if stage == 0 else KvNum) + lists)
+        for n in range(0, n_blocks * (BS // BLOCK_N)):
+            keys = tl.load(Idx + n // (BS // BLOCK_N)).to(tl.int64) * BS + (n % (BS // BLOCK_N)) * BLOCK_N + offs_n
+            in_k = keys < T_k
+            kT = tl.load(K + offs_dk[:, None] * stride_kd + keys[None, :] * stride_kn,
+                         mask=(offs_dk[:, None] < HEAD_DK) & in_k[None, :], other=0.0)
+            vT = tl.load(V + offs_dv[:, None] * stride_vd + keys[None, :] * stride_vn,
+                         mask=(offs_dv[:, None] < HEAD_DV) & in_k[None, :], other=0.0)
+            if UPCAST:
+                kT = kT.to(tl.float32)
+                vT = vT.to(tl.float32)
+            p, mod_slope = _flex_scores(q, kT, offs_m, keys, off_z, slope, lse, T_q, T_k, scale,
+                                        DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
+                                        Shift, shift_window, stage == 1, HAS_CAUSAL, HAS_WINDOW, HAS_DOC,
+                                        HAS_PREFIX, HAS_SINKS, HAS_SHIFT, ALIBI, SOFTCAP, ACC_DTYPE,
+                                        DOT_PRECISION)
+            dp = tl.dot(do, vT, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
+            ds = p * (dp - delta[:, None]) * mod_slope  # dS of the raw scores
+            dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
+    dq *= scale
+    tl.store(DQ + offs_m[:, None] * stride_dqm + offs_dk[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
+             mask=in_q[:, None] & (offs_dk[None, :] < HEAD_DK))
+
+
+@triton.jit
+def _flex_bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV, QNum, QIdx, FullNum, FullIdx, DocQ, DocK, Prefix, Slopes,
+                   Shift,
+                   stride_qz, stride_qh, stride_qm, stride_qd,
+                   stride_kz, stride_kh, stride_kn, stride_kd,
+                   stride_vz, stride_vh, stride_vn, stride_vd,
+                   stride_doz, stride_doh, stride_dom, stride_dod,
+                   stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+                   stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+                   stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
+                   H, T_q, T_k, n_q_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
+                   HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
+                   HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+                   HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                   ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, SCALES_IN_MEMORY: tl.constexpr):
+    """One program: dK and dV of one key tile, over the query blocks listed for its key block."""
+    pid = tl.program_id(0).to(tl.int64)
+    n_n = tl.cdiv(T_k, BLOCK_N)
+    start_n = pid % n_n
+    off_hz = pid // n_n
+    if SCALES_IN_MEMORY:
+        scale = tl.load(scale)
+        cap = tl.load(cap)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    Q += off_z * stride_qz + off_h * stride_qh
+    K += off_z * stride_kz + off_h * stride_kh
+    V += off_z * stride_vz + off_h * stride_vh
+    DO += off_z * stride_doz + off_h * stride_doh
+    DK += off_z * stride_dkz + off_h * stride_dkh
+    DV += off_z * stride_dvz + off_h * stride_dvh
+    Lse += off_hz * T_q
+    Delta += off_hz * T_q
+    k_block = start_n * BLOCK_N // BS
+    lists = off_z * stride_nz + off_h * stride_nh + k_block
+    cols = off_z * stride_iz + off_h * stride_ih + k_block * n_q_blocks
+    prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
+    slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
+    keys = start_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    in_k = keys < T_k
+    kT = tl.load(K + offs_dk[:, None] * stride_kd + keys[None, :] * stride_kn,
+                 mask=(offs_dk[:, None] < HEAD_DK) & in_k[None, :], other=0.0)
+    v = tl.load(V + keys[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)
+    if UPCAST:
+        kT = kT.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_DK], dtype=ACC_DTYPE)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
+    for stage in tl.static_range(2):  # the query blocks that see this key block whole, then the partial ones
+        Idx = (FullIdx if stage == 0 else QIdx) + cols
+        n_blocks = tl.load((FullNum if stage == 0 else QNum) + lists)
+        for n in range(0, n_blocks * (BS // BLOCK_M)):
+            rows = tl.load(Idx + n // (BS // BLOCK_M)).to(tl.int64) * BS + (n % (BS // BLOCK_M)) * BLOCK_M + offs_m
+            in_q = rows < T_q
+            q = tl.load(Q + rows[:, None] * stride_qm + offs_dk[None, :] * stride_qd,
+                        mask=in_q[:, None] & (offs_dk[None, :] < HEAD_DK), other=0.0)
+            do = tl.load(DO + rows[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+                         mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)
+            lse = tl.load(Lse + rows, mask=in_q, other=0.0)
+            delta = tl.load(Delta + rows, mask=in_q, other=0.0)
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            p, mod_slope = _flex_scores(q, kT, rows, keys, off_z, slope, lse, T_q, T_k, scale,
+                                        DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
+                                        Shift, shift_window, stage == 1, HAS_CAUSAL, HAS_WINDOW, HAS_DOC,
+                                        HAS_PREFIX, HAS_SINKS, HAS_SHIFT, ALIBI, SOFTCAP, ACC_DTYPE,
+                                        DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+            dv = tl.dot(tl.trans(p).to(do.dtype), do, dv, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
+            dp = tl.dot(do, tl.trans(v), out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
+            ds = p * (dp - delta[:, None]) * mod_slope
+            dk = tl.dot(tl.trans(ds).to(q.dtype), q, dk, out_dtype=ACC_DTYPE, input_precision=DOT_PRECISION)
+    dk *= scale
+    tl.store(DK + keys[:, None] * stride_dkn + offs_dk[None, :] * stride_dkd, dk.to(DK.dtype.element_ty),
+             mask=in_k[:, None] & (offs_dk[None, :] < HEAD_DK))
+    tl.store(DV + keys[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd, dv.to(DV.dtype.element_ty),
+             mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DV))
+
+
+def _tables(spec, device):
+    """The mods' tables as kernel arguments: doc_q, doc_k, prefix, slopes, shift, and the two strides."""
+    def tensor(x, dtype):
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=dtype)).to(device)
+
+    zeros = torch.zeros(1, dtype=torch.int64, device=device)
+    doc = tensor(spec["doc"], np.int64) if spec["doc"] is not None else zeros
+    doc_k = tensor(spec["doc_k"], np.int64) if spec["doc"] is not None else zeros
+    prefix = tensor(spec["prefix"], np.int64) if spec["prefix"] is not None else zeros
+    slopes = tensor(spec["slopes"], np.float64) if spec["slopes"] is not None else zeros.double()
+    shift = tensor(spec["shift"], np.int64) if spec["shift"] is not None else zeros
+    stride_doc = doc.stride(0) if doc.ndim == 2 else 0
+    return (doc, doc_k, prefix, slopes, shift), (stride_doc, 0 if prefix.numel() == 1 else 1)
+
+
+def grads_from_lse(q4, k4, v4, out, lse, d_out4, spec, bm, scale):
+    """``(dq, dk, dv)``, each (B, H, T, d), from the forward's output and log-sum-exp, over the tiles the
+    block mask lists; a row with no key (lse -inf) sends no gradient."""
+    n_batch, n_heads, t_q, d_k = q4.shape
+    t_k, d_v = k4.shape[2], v4.shape[3]
+    device = q4.device
+    empty = lse == float("-inf")
+    lse = lse.masked_fill(empty, 0.0).contiguous()
+    d_out4 = d_out4.masked_fill(empty[..., None], 0.0)
+    delta = (d_out4.to(lse.dtype) * out.to(lse.dtype)).sum(-1).contiguous()
+    block_m, block_n, warps = kernel_tile(q4.dtype, bm.block_size)
+    grad_dtype = torch.float32 if triton_flash.RUNS_ON_CPU and q4.dtype == torch.bfloat16 else q4.dtype
+    tables, (stride_doc, stride_prefix) = _tables(spec, device)
+    upcast, acc_dtype, dot_precision = triton_flash.kernel_dtypes(q4.dtype)
+    scale_arg, cap_arg = triton_flash.scale_arguments(q4.dtype, device, scale, spec["cap"])
+    numbers = (n_heads, t_q, t_k)
+    after = (scale_arg, spec["window"], spec["n_sinks"], spec["sink_window"], cap_arg, spec["shift_window"])
+    constants = dict(
+        HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
+        BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK_M=block_m, BLOCK_N=block_n, BS=bm.block_size,
+        HAS_CAUSAL=spec["HAS_CAUSAL"], HAS_WINDOW=spec["HAS_WINDOW"], HAS_DOC=spec["HAS_DOC"],
+        HAS_PREFIX=spec["HAS_PREFIX"], HAS_SINKS=spec["HAS_SINKS"], HAS_SHIFT=spec["HAS_SHIFT"],
+        ALIBI=spec["ALIBI"], SOFTCAP=spec["SOFTCAP"], UPCAST=upcast, ACC_DTYPE=acc_dtype,
+        DOT_PRECISION=dot_precision, SCALES_IN_MEMORY=q4.dtype == torch.float64, num_warps=warps)
+    dq = torch.empty((n_batch, n_heads, t_q, d_k), dtype=grad_dtype, device=device)
+    kv_num, (snz, snh) = _lists(bm.kv_num_blocks, device, (0, 1))
+    kv_idx, (siz, sih) = _lists(bm.kv_indices, device, (0, 1))
+    full_num, _ = _lists(bm.full_kv_num_blocks, device, (0, 1))
+    full_idx, _ = _lists(bm.full_kv_indices, device, (0, 1))
+    _flex_bwd_dq[(triton.cdiv(t_q, block_m) * n_batch * n_heads,)](
+        q4, k4, v4, d_out4, lse, delta, dq, kv_num, kv_idx, full_num, full_idx, *tables,
+        *q4.stride(), *k4.stride(), *v4.stride(), *d_out4.stride(), *dq.stride(),
+        snz, snh, siz, sih, stride_doc, stride_prefix, *numbers, bm.kv_indices.shape[-1], *after, **constants)
+    dk = torch.empty((n_batch, n_heads, t_k, d_k), dtype=grad_dtype, device=device)
+    dv = torch.empty((n_batch, n_heads, t_k, d_v), dtype=grad_dtype, device=device)
+    q_num, (snz, snh) = _lists(bm.q_num_blocks, device, (0, 1))
+    q_idx, (siz, sih) = _lists(bm.q_indices, device, (0, 1))
+    full_q_num, _ = _lists(bm.full_q_num_blocks, device, (0, 1))
+    full_q_idx, _ = _lists(bm.full_q_indices, device, (0, 1))
+    _flex_bwd_dkdv[(triton.cdiv(t_k, block_n) * n_batch * n_heads,)](
+        q4, k4, v4, d_out4, lse, delta, dk, dv, q_num, q_idx, full_q_num, full_q_idx, *tables,
+        *q4.stride(), *k4.stride(), *v4.stride(), *d_out4.stride(), *dk.stride(), *dv.stride(),
+        snz, snh, siz, sih, stride_doc, stride_prefix, *numbers, bm.q_indices.shape[-1], *after, **constants)
+    return dq, dk, dv
