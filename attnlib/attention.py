@@ -151,7 +151,7 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend=None, win
         ``numpy``, ``loop``, ``torch`` and ``tiled`` call any score_mod;
         ``triton`` runs the gallery's (ALiBi, soft cap) in its kernel and any
         that adds a bias (``mods.additive``) as a mask; ``sdpa`` only the
-        latter. Soft cap on ``triton`` has no gradient.
+        latter.
     mask_mod : function ``(b, h, q_idx, kv_idx) -> bool``, optional
         FlexAttention's: True where a query may attend a key. It combines with
         ``mask``, ``causal`` and ``window``: a key must be allowed by all.

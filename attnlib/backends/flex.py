@@ -11,9 +11,13 @@
 - ``tiled``: online softmax over blocks (as :mod:`.tiled`), the mods called
   on each block's indices; with a ``block_mask`` only the key blocks it lists
   are visited, and its full blocks skip the mask_mod;
-- ``sdpa``, ``triton``: the mask_mod becomes a boolean mask and an additive
-  score_mod (:func:`attnlib.mods.alibi`, :func:`attnlib.mods.additive`) an
-  additive mask, both (..., T_q, T_k); any other score_mod is refused.
+- ``triton``: the gallery's mods run inside the kernels of :mod:`.triton_flex`,
+  forward and backward, visiting only the tiles a block mask lists (one is made
+  from the mods when none is given); anything else, or mods with a ``mask``,
+  goes the way of ``sdpa``;
+- ``sdpa``: the mask_mod becomes a boolean mask and an additive score_mod
+  (:func:`attnlib.mods.alibi`, :func:`attnlib.mods.additive`) an additive mask,
+  both (..., T_q, T_k); any other score_mod is refused.
 
 A query row left with no key gets output 0 and sends no gradient anywhere
 (SDPA's and FlexAttention's answer) when ``empty_rows="zero"``; with the default

@@ -18,11 +18,13 @@ at all, then the *partial* ones, masked entry by entry. A tile the block mask
 leaves out is never loaded. The online softmax is that of :mod:`.triton_flash`;
 a row with no key gets output 0 and log-sum-exp -inf, as in FlexAttention.
 
-This file is the forward pass. The gradients come from the backward kernels of
-:mod:`.triton_backward`, given the log-sum-exp from here and the mods as a
-dense mask (:func:`attnlib.backends.flex.dense_mask`); so the soft cap, which
-no mask expresses, has no gradient on this backend (the ``tiled`` and ``torch``
-backends give it).
+The backward pass walks the same lists in two kernels, as :mod:`.triton_backward`
+does without mods: ``_flex_bwd_dq`` (one program per query tile, over the key
+blocks listed for its query block) and ``_flex_bwd_dkdv`` (one program per key
+tile, over the query blocks listed for its key block: the block mask's
+``q_num_blocks`` / ``q_indices``). Each recomputes the weights from the
+forward's log-sum-exp and multiplies dS by the score_mod's derivative (the soft
+cap's ``1 - tanh^2``; 1 for ALiBi). A row with no key sends no gradient.
 """
 
 import numpy as np
@@ -272,6 +274,23 @@ def tile_for(dtype):
         return 16, 16, 4
     return {torch.float16: (128, 64, 8), torch.bfloat16: (128, 64, 8), torch.float32: (32, 32, 4)}.get(
         dtype, (16, 16, 4))
+
+
+BACKWARD_TILES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel on a GPU: the largest that compiled
+    # for sm_90 without a spill at d = 64 and 128 with every mod on (a sweep of 9 tiles, 2026-11-28); fp64 dQ
+    # at d = 128 spills 72 bytes even at 16 x 16 (tests/test_triton_flex.py holds it to that)
+    torch.float16: {"dq": (64, 32, 4, 2), "dkdv": (32, 32, 4, 2)},
+    torch.bfloat16: {"dq": (64, 32, 4, 2), "dkdv": (32, 32, 4, 2)},
+    torch.float32: {"dq": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1)},
+    torch.float64: {"dq": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1)},
+}
+
+
+def backward_tile(dtype, kernel, block_size):
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of backward ``kernel`` ("dq" or "dkdv"), each side at
+    most the block mask's block size; 16 x 16 under the interpreter."""
+    block_m, block_n, warps, stages = (16, 16, 4, 1) if triton_flash.RUNS_ON_CPU else BACKWARD_TILES[dtype][kernel]
+    return min(block_m, block_size), min(block_n, block_size), warps, stages
 
 
 def kernel_tile(dtype, block_size):
@@ -556,7 +575,6 @@ def grads_from_lse(q4, k4, v4, out, lse, d_out4, spec, bm, scale):
     lse = lse.masked_fill(empty, 0.0).contiguous()
     d_out4 = d_out4.masked_fill(empty[..., None], 0.0)
     delta = (d_out4.to(lse.dtype) * out.to(lse.dtype)).sum(-1).contiguous()
-    block_m, block_n, warps = kernel_tile(q4.dtype, bm.block_size)
     grad_dtype = torch.float32 if triton_flash.RUNS_ON_CPU and q4.dtype == torch.bfloat16 else q4.dtype
     tables, (stride_doc, stride_prefix) = _tables(spec, device)
     upcast, acc_dtype, dot_precision = triton_flash.kernel_dtypes(q4.dtype)
@@ -565,28 +583,37 @@ def grads_from_lse(q4, k4, v4, out, lse, d_out4, spec, bm, scale):
     after = (scale_arg, spec["window"], spec["n_sinks"], spec["sink_window"], cap_arg, spec["shift_window"])
     constants = dict(
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
-        BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK_M=block_m, BLOCK_N=block_n, BS=bm.block_size,
+        BLOCK_DV=triton_flash.padded_head_dim(d_v), BS=bm.block_size,
         HAS_CAUSAL=spec["HAS_CAUSAL"], HAS_WINDOW=spec["HAS_WINDOW"], HAS_DOC=spec["HAS_DOC"],
         HAS_PREFIX=spec["HAS_PREFIX"], HAS_SINKS=spec["HAS_SINKS"], HAS_SHIFT=spec["HAS_SHIFT"],
         ALIBI=spec["ALIBI"], SOFTCAP=spec["SOFTCAP"], UPCAST=upcast, ACC_DTYPE=acc_dtype,
-        DOT_PRECISION=dot_precision, SCALES_IN_MEMORY=q4.dtype == torch.float64, num_warps=warps)
+        DOT_PRECISION=dot_precision, SCALES_IN_MEMORY=q4.dtype == torch.float64)
+
+    def tile(kernel):
+        block_m, block_n, warps, stages = backward_tile(q4.dtype, kernel, bm.block_size)
+        return block_m, block_n, dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+
     dq = torch.empty((n_batch, n_heads, t_q, d_k), dtype=grad_dtype, device=device)
     kv_num, (snz, snh) = _lists(bm.kv_num_blocks, device, (0, 1))
     kv_idx, (siz, sih) = _lists(bm.kv_indices, device, (0, 1))
     full_num, _ = _lists(bm.full_kv_num_blocks, device, (0, 1))
     full_idx, _ = _lists(bm.full_kv_indices, device, (0, 1))
+    block_m, _, options = tile("dq")
     _flex_bwd_dq[(triton.cdiv(t_q, block_m) * n_batch * n_heads,)](
         q4, k4, v4, d_out4, lse, delta, dq, kv_num, kv_idx, full_num, full_idx, *tables,
         *q4.stride(), *k4.stride(), *v4.stride(), *d_out4.stride(), *dq.stride(),
-        snz, snh, siz, sih, stride_doc, stride_prefix, *numbers, bm.kv_indices.shape[-1], *after, **constants)
+        snz, snh, siz, sih, stride_doc, stride_prefix, *numbers, bm.kv_indices.shape[-1], *after, **constants,
+        **options)
     dk = torch.empty((n_batch, n_heads, t_k, d_k), dtype=grad_dtype, device=device)
     dv = torch.empty((n_batch, n_heads, t_k, d_v), dtype=grad_dtype, device=device)
     q_num, (snz, snh) = _lists(bm.q_num_blocks, device, (0, 1))
     q_idx, (siz, sih) = _lists(bm.q_indices, device, (0, 1))
     full_q_num, _ = _lists(bm.full_q_num_blocks, device, (0, 1))
     full_q_idx, _ = _lists(bm.full_q_indices, device, (0, 1))
+    _, block_n, options = tile("dkdv")
     _flex_bwd_dkdv[(triton.cdiv(t_k, block_n) * n_batch * n_heads,)](
         q4, k4, v4, d_out4, lse, delta, dk, dv, q_num, q_idx, full_q_num, full_q_idx, *tables,
         *q4.stride(), *k4.stride(), *v4.stride(), *d_out4.stride(), *dk.stride(), *dv.stride(),
-        snz, snh, siz, sih, stride_doc, stride_prefix, *numbers, bm.q_indices.shape[-1], *after, **constants)
+        snz, snh, siz, sih, stride_doc, stride_prefix, *numbers, bm.q_indices.shape[-1], *after, **constants,
+        **options)
     return dq, dk, dv
