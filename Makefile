@@ -41,7 +41,7 @@ nbval: $(STAMP)
 # runs them twice more: with every model's initial weights changed by a relative 1e-9 before training
 # (attnlib.learn.training.perturb_initial_weights), and on other code paths of torch's and MKL's
 # kernels. No notebook sets these variables.
-TRAINING_CHAPTERS := book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/11_attention_inside_a_transformer.ipynb book/12_generating_text.ipynb
+TRAINING_CHAPTERS := book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb book/10_a_gpt_that_writes.ipynb
 nbval-training: $(STAMP)
 	ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9 $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope
 	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope
@@ -99,12 +99,13 @@ reader: $(STAMP)
 	$(BIN)/python tools/reader_edition.py
 
 # The chapters' reader's edition in JupyterLab (installed on first use, pinned; not needed by book or
-# test); JupyterLab shows MyST as text, so it opens book/reader/, not book/
+# test); JupyterLab shows MyST as text, so it opens book/reader/, not book/. As root (a container)
+# JupyterLab refuses to start without --allow-root, so it gets that flag there.
 # The prose shows the glued numbers there too: make notebooks writes them into the markdown.
 JUPYTERLAB := jupyterlab==4.6.6
 lab: $(STAMP)
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(JUPYTERLAB)"
-	$(BIN)/jupyter lab --notebook-dir=book/reader
+	$(BIN)/jupyter lab --notebook-dir=book/reader $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:
 	rm -rf _build

@@ -14,7 +14,7 @@ every candidate for token t + 1. To generate, take the last row's best token
 Both give the same tokens and logits: a cached key is exactly the key the
 recomputation would produce, since no position sees the ones after it.
 
-The model is chapter 11's :class:`attnlib.learn.transformer.Decoder`, or any
+The model is chapter 8's :class:`attnlib.learn.transformer.Decoder`, or any
 model with the same five pieces (its docstring lists them): ``model.embed``,
 ``model.blocks`` (each with ``norm_1``, ``attention.qkv``, ``attention.attend``
 and ``mlp_step``) and ``model.logits``. :func:`forward_step` is the one place

@@ -1,6 +1,6 @@
 """attnlib.decoding: generating with a KV cache gives the tokens and logits of recomputing.
 
-The model is chapter 11's decoder (attnlib.learn.transformer.Decoder), untrained:
+The model is chapter 8's decoder (attnlib.learn.transformer.Decoder), untrained:
 the cache must not change what any model computes, trained or not.
 """
 

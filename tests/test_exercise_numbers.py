@@ -1,4 +1,4 @@
-"""Exercises are numbered per chapter, from the page's file name: the 2nd of chapter 8 is 8.2."""
+"""Exercises are numbered per chapter, from the page's file name: the 2nd of chapter 11 is 8.2."""
 
 import re
 

@@ -292,13 +292,13 @@ def test_the_timer_check_counts_calls_rather_than_trusting_the_clock():
         sync()
         return 0.002
 
-    result = check("ch8.median_timer", calls_fn_too_often)
+    result = check("ch11.median_timer", calls_fn_too_often)
     assert "expected: fn() called 5 times" in result.message
 
 
 def test_a_function_exercise_reports_its_case_number():
     exercise = FunctionExercise(
-        id="ch9.demo",
+        id="ch12.demo",
         title="demo",
         kind="implement",
         task="",
@@ -309,7 +309,7 @@ def test_a_function_exercise_reports_its_case_number():
         expected=lambda case: case.args[0],
     )
     result = exercise.check(lambda x: np.zeros(2))
-    assert result.message.startswith("ch9.demo: hidden case 2 of 2 failed: two.")
+    assert result.message.startswith("ch12.demo: hidden case 2 of 2 failed: two.")
     assert result.case == "two"
 
 
@@ -590,7 +590,7 @@ def test_weight_symptoms_are_only_claimed_for_weights():
 def _demo_attention_exercise():
     rng = np.random.default_rng(5)
     return FunctionExercise(
-        id="ch9.demo_attention",
+        id="ch12.demo_attention",
         title="demo",
         kind="implement",
         task="",
@@ -631,7 +631,7 @@ def test_the_probe_claims_nothing_when_the_answer_is_not_weights_at_v():
         ("ch2.one_query_output", True),
         ("ch5.fix_wrong_axis", True),
         ("ch6.fix_causal_future", True),
-        ("ch9.fix_acc_rescale", True),
+        ("ch12.fix_acc_rescale", True),
     ],
 )
 def test_the_weights_probe_is_used_only_where_the_answer_is_weights_at_v(ex_id, probed):
@@ -650,14 +650,14 @@ def test_a_listed_mistake_wins_over_a_general_symptom():
 
 
 def test_the_running_sum_rescale_hint_fires_only_for_the_missing_rescale():
-    exercise = get("ch9.running_sum")
+    exercise = get("ch12.running_sum")
     rescale_hint = exercise.mistakes["not_rescaled"].hint
-    reciprocal = check("ch9.running_sum", 1 / exercise.expected()).message
+    reciprocal = check("ch12.running_sum", 1 / exercise.expected()).message
     assert "that is 1/l, the largest softmax weight" in reciprocal
     assert rescale_hint not in reciprocal and "without rescaling" not in reciprocal
-    unrelated = check("ch9.running_sum", 7.0).message
+    unrelated = check("ch12.running_sum", 7.0).message
     assert rescale_hint not in unrelated and "without rescaling" not in unrelated
-    assert rescale_hint in check("ch9.running_sum", exercise.wrong_answer("not_rescaled")()).message
+    assert rescale_hint in check("ch12.running_sum", exercise.wrong_answer("not_rescaled")()).message
 
 
 # check() never raises, whatever it is given ---------------------------------------------
@@ -733,7 +733,7 @@ def test_check_never_raises_and_never_passes_a_bad_answer(ex_id, capsys):
         assert result.message.strip(), (ex_id, answer)
 
 
-@pytest.mark.parametrize("ex_id", ["ch2.one_query_output", "ch8.median_timer", "ch9.online_update"])
+@pytest.mark.parametrize("ex_id", ["ch2.one_query_output", "ch11.median_timer", "ch12.online_update"])
 def test_a_keyboard_interrupt_still_stops_the_check(ex_id):
     with pytest.raises(KeyboardInterrupt):
         check(ex_id, _raise(KeyboardInterrupt()))
@@ -760,7 +760,7 @@ def test_an_exercise_defined_elsewhere_never_raises_either():
             return 1 / answer
 
     exercise = Fragile(
-        id="ch10.demo", title="", kind="implement", task="", starter="", solution="", answer_name="f"
+        id="ch13.demo", title="", kind="implement", task="", starter="", solution="", answer_name="f"
     )
     for answer in (0, "x"):
         result = exercise.check(answer)

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from attnlib.bench import diagrams, gpu_results  # noqa: E402
 
 BOOK = Path(__file__).resolve().parent.parent / "book"
-PART_III = ["08_timing_on_gpu", "09_without_the_matrix", "10_backward_pass"]
+PART_III = ["11_timing_on_gpu", "12_without_the_matrix", "13_backward_pass"]
 HIDDEN = {"remove-cell", "remove-input", "hide-cell", "hide-input"}
 
 
@@ -65,9 +65,9 @@ def test_part_three_says_whom_it_is_for():
 
 
 def test_ch10_keeps_capital_s_for_the_raw_scores():
-    """Chapter 0's S is Q K^T, unscaled: chapter 10 writes the scaled scores as S-tilde."""
+    """Chapter 0's S is Q K^T, unscaled: chapter 13 writes the scaled scores as S-tilde."""
     text = ""
-    for cell in cells("10_backward_pass"):
+    for cell in cells("13_backward_pass"):
         if cell["cell_type"] == "markdown":
             if source(cell).lstrip().startswith("## Exercises"):
                 break

@@ -14,7 +14,7 @@ import torch
 import attnlib
 from attnlib import errors
 from attnlib.exercises import check
-from attnlib.exercises.ch8_timing import _sync_after
+from attnlib.exercises.ch11_timing import _sync_after
 from attnlib.validation import check_mask_gradient, check_scale
 
 BACKENDS = [name for name in attnlib.backends() if name not in ("triton", "triton-simple")]
@@ -186,7 +186,7 @@ def test_a_timer_that_returns_one_timed_call_fails_and_is_told_which(which, inde
     def one_call(fn, sync, warmup=1, repeats=5):
         return _sync_after(fn, sync, warmup, repeats)[index]
 
-    result = check("ch8.median_timer", one_call)
+    result = check("ch11.median_timer", one_call)
     assert not result.passed
     assert f"you returned the {which} call's time only" in result.message
 
@@ -197,7 +197,7 @@ def test_the_median_timer_still_passes():
 
         return statistics.median(_sync_after(fn, sync, warmup, repeats))
 
-    assert check("ch8.median_timer", median_timer).passed
+    assert check("ch11.median_timer", median_timer).passed
 
 
 # --- a mask in the other convention ----------------------------------------------------------------

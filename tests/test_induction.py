@@ -1,4 +1,4 @@
-"""Chapter 11's induction task: the sequences, where the copied token is, the scores of a head, the
+"""Chapter 8's induction task: the sequences, where the copied token is, the scores of a head, the
 training recipe, and what the trained model does (the induction head forms, ablations, the control)."""
 
 import numpy as np
@@ -89,7 +89,7 @@ def test_the_training_batches_are_the_next_token_loss_of_the_whole_sequence():
 
 
 def test_an_untrained_model_does_no_better_than_an_even_guess(data):
-    # random logits are not flat: the loss sits a little above log V (chapter 11 says so), never below
+    # random logits are not flat: the loss sits a little above log V (chapter 8 says so), never below
     scores = induction.repeat_scores(recipes.induction_model(), data)
     log_v = np.log(induction.VOCAB_SIZE)
     assert log_v <= scores["repeat_loss"] < log_v + 1.0
@@ -143,7 +143,7 @@ def test_ablating_the_induction_head_or_the_previous_token_head_breaks_copying(t
         assert without_it < full - 0.2  # the head the maps single out carries much of the copying ...
         assert without_it < without_the_other  # ... more than the other head of its layer
         without_both = accuracy(without_head(without_head(model, layer, 0), layer, 1))
-        assert without_both < 0.2  # and without its layer copying is gone (chapter 11's claim)
+        assert without_both < 0.2  # and without its layer copying is gone (chapter 8's claim)
 
 
 def test_a_one_layer_model_copies_far_less_at_the_same_budget():

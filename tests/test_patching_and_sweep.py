@@ -1,4 +1,4 @@
-"""Chapter 11's evidence: running a model with heads replaced, ablations, patching, and the stored seed sweep."""
+"""Chapter 8's evidence: running a model with heads replaced, ablations, patching, and the stored seed sweep."""
 
 import copy
 

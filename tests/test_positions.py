@@ -1,4 +1,4 @@
-"""Where position comes from (chapter 11): attention alone ignores order, sinusoidal position vectors,
+"""Where position comes from (chapter 8): attention alone ignores order, sinusoidal position vectors,
 and RoPE, checked against independent implementations and its relative-offset property."""
 
 import math

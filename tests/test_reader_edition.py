@@ -128,6 +128,8 @@ def test_every_exercise_keeps_its_heading_and_its_cell_to_answer(path):
     ]
     cells = read(edition(path)).cells
     headings = [c.source for c in cells if c.cell_type == "markdown" and c.source.startswith("#### Exercise")]
+    if not path.name[:2].isdigit():
+        pytest.skip(f"{path.name} is not a numbered chapter and has no exercises")
     chapter = int(path.name[:2])
     assert headings == [
         h for h in headings if re.match(rf"#### Exercise {chapter}\.\d+ \(.+\)$", h.split("\n")[0])
@@ -169,10 +171,11 @@ def test_equations_are_numbered_as_in_the_book_and_references_match():
     numbers = reader_edition.Numbers(CHAPTERS)
     assert len(numbers.equations) >= 30
     assert sorted(numbers.equations.values()) == list(range(1, len(numbers.equations) + 1))
-    ch10 = "\n".join(c.source for c in read(edition(CHAPTERS[10])).cells if c.cell_type == "markdown")
-    number = numbers.equations["eq-ch10-forward"]
-    assert f"\\tag{{{number}}}" in ch10
-    assert f"({number}) from the end back to the start" in ch10
+    backward = next(path for path in CHAPTERS if path.name.startswith("13_"))  # the backward pass
+    ch13 = "\n".join(c.source for c in read(edition(backward)).cells if c.cell_type == "markdown")
+    number = numbers.equations["eq-ch13-forward"]
+    assert f"\\tag{{{number}}}" in ch13
+    assert f"({number}) from the end back to the start" in ch13
 
 
 def test_citations_name_the_work_and_each_chapter_lists_its_references():
@@ -284,8 +287,8 @@ def test_the_sphinx_extension_points_colab_and_download_at_the_edition(tmp_path)
 
 def test_admonitions_become_quotes_under_their_title_and_may_collapse():
     converter = _converter()
-    html = render(converter.markdown("```{tip}\nA tip with $$x$$ (eq. {eq}`eq-ch10-forward`).\n\nTwo.\n```"))
-    number = reader_edition.Numbers(CHAPTERS).equations["eq-ch10-forward"]
+    html = render(converter.markdown("```{tip}\nA tip with $$x$$ (eq. {eq}`eq-ch13-forward`).\n\nTwo.\n```"))
+    number = reader_edition.Numbers(CHAPTERS).equations["eq-ch13-forward"]
     assert html.startswith("<blockquote>\n<p><strong>Tip</strong></p>")
     assert f"(eq. ({number}))" in html and "<p>Two.</p>" in html
     out = converter.markdown(":::{admonition} The rule\n:class: dropdown\nBody.\n:::")

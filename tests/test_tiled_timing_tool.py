@@ -1,4 +1,4 @@
-"""tools/tiled_timing.py, the live CPU timing chapter 9 used to run in its deep dives, at small shapes."""
+"""tools/tiled_timing.py, the live CPU timing chapter 12 used to run in its deep dives, at small shapes."""
 
 import csv
 

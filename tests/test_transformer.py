@@ -1,5 +1,5 @@
-"""attnlib.learn.transformer (chapter 11): the block's parts, the decoder's shapes and errors, and the
-interface a cached decoder (chapter 12) builds on."""
+"""attnlib.learn.transformer (chapter 8): the block's parts, the decoder's shapes and errors, and the
+interface a cached decoder (chapter 9) builds on."""
 
 import numpy as np
 import pytest
@@ -180,7 +180,7 @@ def test_heads_must_divide_the_width():
         Decoder(V, D, 3, 1, positions="rope")
 
 
-# --- The interface of a cached decoder (chapter 12) -----------------------------------------------
+# --- The interface of a cached decoder (chapter 9) -----------------------------------------------
 
 
 @pytest.mark.parametrize("positions", POSITION_SCHEMES)

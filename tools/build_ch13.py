@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tools.nbedit import editing  # noqa: E402
 
-PATH = ROOT / "book" / "13_a_gpt_that_writes.ipynb"
-INSTALL = (ROOT / "book" / "12_generating_text.ipynb")
+PATH = ROOT / "book" / "10_a_gpt_that_writes.ipynb"
+INSTALL = (ROOT / "book" / "09_generating_text.ipynb")
 
 
 def md(text, **meta):
@@ -37,9 +37,9 @@ def cells(install_source):
 *A character-level language model trained on the King James Bible, from tokens to sampled text*
 
 Every model so far learned a task made up for it: pointers to nouns, reversed digits,
-repeated random letters. This chapter trains [chapter 11](11_attention_inside_a_transformer.ipynb)'s
+repeated random letters. This chapter trains [chapter 8](08_attention_inside_a_transformer.ipynb)'s
 decoder on real English, four million characters of the King James Bible, and lets
-it write, through [chapter 12](12_generating_text.ipynb)'s cached loop.
+it write, through [chapter 9](09_generating_text.ipynb)'s cached loop.
 
 **What you will be able to do**
 
@@ -170,7 +170,7 @@ position is one character, which makes its heads easy to read.
         md(r"""
 ## The model
 
-The model is chapter 11's decoder with its MLP and RoPE, built from the same blocks:
+The model is chapter 8's decoder with its MLP and RoPE, built from the same blocks:
 """),
         code(r"""
 print(inspect.getsource(gpt.build_model))
@@ -263,7 +263,7 @@ character: at worst {glue:text}`bits_worst:.2f` bits, a perplexity of
         md(r"""
 ## Writing
 
-`sampling.generate` runs chapter 12's cached loop and chooses each next character
+`sampling.generate` runs chapter 9's cached loop and chooses each next character
 from the last logits. Each layer's cache keeps the last {glue:text}`context` positions, a
 sliding window, so the model can write past the {glue:text}`context` characters it was trained on: with RoPE a query
 sees its keys at the same relative positions as in training. At temperature 0 the loop
@@ -339,7 +339,7 @@ glue("cache_bytes", f"{cache_bytes:,}", display=False)
         md(r"""
 ## Its heads, over seeds
 
-Chapter 11 found a *previous-token head* and an *induction head* that copies. Do they
+Chapter 8 found a *previous-token head* and an *induction head* that copies. Do they
 form on real text? Two scores per head, each a mean attention weight: on the previous
 character, and on the keys an induction head would pick, the character after an
 earlier occurrence of the query's last two characters. The scores are measured on
@@ -466,7 +466,7 @@ head of layer 1 looks from the last character.
 
 - A character tokenizer gives each character an id; BPE merges frequent pairs into
   longer tokens, and at the same budget reached a lower loss per character.
-- Chapter 11's decoder, trained on the King James Bible, writes word-like English.
+- Chapter 8's decoder, trained on the King James Bible, writes word-like English.
 - Loss in nats per character, divided by $\ln 2$, is bits; its exponential is the
   perplexity.
 - Temperature sharpens or flattens the next-character distribution; top-k and top-p cut

@@ -30,12 +30,12 @@ CHAPTERS = {
     5: "05_weighted_sum",
     6: "06_matrix_form",
     7: "07_attention_that_learns",
-    8: "08_timing_on_gpu",
-    9: "09_without_the_matrix",
-    10: "10_backward_pass",
-    11: "11_attention_inside_a_transformer",
-    12: "12_generating_text",
-    13: "13_a_gpt_that_writes",
+    8: "08_attention_inside_a_transformer",
+    9: "09_generating_text",
+    10: "10_a_gpt_that_writes",
+    11: "11_timing_on_gpu",
+    12: "12_without_the_matrix",
+    13: "13_backward_pass",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (

@@ -86,7 +86,7 @@ PLACES = {
     "02_token_by_token": [("ae76cf88", STAGES)],
     "04_scale_and_softmax": [("fcc4df3d", TEMPERATURE)],
     "05_weighted_sum": [("29d76284", HEATMAP)],
-    "09_without_the_matrix": [("66bc5e5e", ONLINE_SOFTMAX)],
+    "12_without_the_matrix": [("66bc5e5e", ONLINE_SOFTMAX)],
 }
 
 

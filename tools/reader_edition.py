@@ -65,7 +65,9 @@ _markdown = MarkdownIt("commonmark").use(colon_fence_plugin).use(dollarmath_plug
 def chapters():
     """The chapters in the book's order (``_toc.yml``)."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [ROOT / (entry["file"] + ".ipynb") for entry in toc["chapters"]]
+    entries = [entry for part in toc["parts"] for entry in part["chapters"]] if "parts" in toc \
+        else toc["chapters"]
+    files = [ROOT / (entry["file"] + ".ipynb") for entry in entries]
     return [path for path in files if path.exists()]
 
 
@@ -145,7 +147,7 @@ class Numbers:
         self.equations = {}
         self.exercises = {}
         for path in paths:
-            chapter = int(path.name[:2])
+            chapter = int(path.name[:2]) if path.name[:2].isdigit() else None  # the appendix: none
             count = 0
             for cell in nbformat.read(path, as_version=4).cells:
                 if cell.cell_type != "markdown":

@@ -1,6 +1,6 @@
 """The tiled NumPy backend timed live against torch's SDPA, and what its thread pool buys.
 
-Chapter 9 quotes the stored CPU file (``attnlib/data/cpu_ratios.csv``), where every
+Chapter 12 quotes the stored CPU file (``attnlib/data/cpu_ratios.csv``), where every
 kernel ran on one thread. This tool repeats the comparison on the machine at hand, in
 the way that holds up best on a shared machine: the calls take turns (SDPA, tiled,
 SDPA, tiled, ...), the ratio is taken within each round, and the median over rounds is
@@ -125,7 +125,7 @@ def peak_extra_bytes(fn):
 
 
 def memory_rows(rng):
-    """``[(form, T, peak bytes)]``: one head, d = 64, float32, as chapter 9 measures it."""
+    """``[(form, T, peak bytes)]``: one head, d = 64, float32, as chapter 12 measures it."""
     rows = []
     for form, backend, lens in (("matrix form", "numpy", (512, 1024, 2048, 4096)),
                                 ("tiled", "tiled", (512, 1024, 2048, 4096, 16384))):

@@ -5,7 +5,7 @@ Triton's fused-attention tutorial) with everything that is not the algorithm
 left out. One program owns ``BLOCK_M`` queries of one (batch, head), walks over
 the keys ``BLOCK_N`` at a time and keeps, per query row, the running maximum
 ``m_i``, the running sum ``l_i`` and the running output ``acc`` (in fp32). Each
-step is the online softmax of chapter 9: ``m_new = max(m_i, rowmax(s))``,
+step is the online softmax of chapter 12: ``m_new = max(m_i, rowmax(s))``,
 ``p = exp2(s - m_new)``, ``alpha = exp2(m_i - m_new)``, ``l_i = alpha * l_i +
 rowsum(p)``, ``acc = alpha * acc + p @ v``; at the end ``out = acc / l_i``.
 Scores are in log2 units (the scale times log2(e)), so every exponential is the

@@ -12,7 +12,7 @@ Run it as ``python -m attnlib.bench`` (``--help`` lists every option,
 - :mod:`~attnlib.bench.report`: the row schema, the stamp, CSV and JSON files
 - :mod:`~attnlib.bench.plots`: figures of result rows against T
 - :mod:`~attnlib.bench.gpu_results`, :mod:`~attnlib.bench.gpu_plots`: the stored GPU
-  measurements, read and drawn for chapters 9 and 10 (imported where used)
+  measurements, read and drawn for chapters 12 and 13 (imported where used)
 - :mod:`~attnlib.bench.source_counts`: the matrix products and lines of code in a
   function's source (imported where used)
 - :mod:`~attnlib.bench.cli`: the command line

@@ -3,7 +3,7 @@
 Run it as ``python -m attnlib.bench.decode`` (``--help`` lists the options).
 Two presets:
 
-- ``decode`` (the default): chapter 11's decoder at a fixed size, one token
+- ``decode`` (the default): chapter 8's decoder at a fixed size, one token
   generated after a context of T tokens, for T = 256 ... 4096. Five modes
   (:data:`DECODE_MODES`), timed in turns
   (:func:`attnlib.bench.timing.time_cpu_interleaved`) after a warm-up, on one
@@ -126,7 +126,7 @@ def decode_flops(model, context, cached):
     Per block and per position run, the weights cost ``2 * 12 * d^2`` and attention
     ``4 * T_k * d`` (q . k and the weighted sum over T_k keys, all heads). *Cached*
     runs one position over ``context`` keys; *recompute* runs ``context`` positions,
-    position t over t + 1 keys (causal, counted as half the square, as chapter 8
+    position t over t + 1 keys (causal, counted as half the square, as chapter 11
     does). The unembedding adds ``2 * d * V`` per position.
     """
     d, n = model.d_model, int(context)
@@ -274,7 +274,7 @@ def step_breakdown(rows):
 
 
 def build_decoder(sizes, dtype):
-    """Chapter 11's decoder with RoPE (any length), random weights from seed 0, in ``dtype``."""
+    """Chapter 8's decoder with RoPE (any length), random weights from seed 0, in ``dtype``."""
     import torch
 
     from ..learn.transformer import Decoder

@@ -1,4 +1,4 @@
-"""Pictures of how attention runs on a GPU, for the opening pages of chapters 8 to 10.
+"""Pictures of how attention runs on a GPU, for the opening pages of chapters 11 to 13.
 
 Each function draws one diagram with matplotlib and returns its figure; none reads data.
 

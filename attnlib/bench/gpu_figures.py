@@ -1,4 +1,4 @@
-"""Figures and tables of the stored GPU measurements (chapter 8): what a GPU does with attention.
+"""Figures and tables of the stored GPU measurements (chapter 11): what a GPU does with attention.
 
 The files are read with :mod:`attnlib.bench.gpu_results`; everything here draws or
 tabulates them, so a page built on a machine without a GPU still shows the GPU's

@@ -1,4 +1,4 @@
-"""Figures of the stored GPU measurements (:mod:`attnlib.bench.gpu_results`) for chapters 9 and 10.
+"""Figures of the stored GPU measurements (:mod:`attnlib.bench.gpu_results`) for chapters 12 and 13.
 
 Two figures, each with a panel without a mask and one with a causal mask, one line per
 kernel against the sequence length T, the machine and versions from the file's stamp

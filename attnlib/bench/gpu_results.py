@@ -1,7 +1,7 @@
 """The GPU measurements stored with attnlib (``attnlib/data/gpu/``), read for the book.
 
 The files were written by the benchmark (``tools/gpu_run.sh``, one step per file) on
-an NVIDIA H100 and are never edited by hand. Chapters 9 and 10 read them here, so that
+an NVIDIA H100 and are never edited by hand. Chapters 12 and 13 read them here, so that
 a page built on a machine without a GPU still plots and quotes real GPU numbers:
 
 - ``fwd_d64``, ``fwd_d128``: fp16 forward passes, B=4, H=32, T=512 ... 16384, with and

@@ -2,7 +2,7 @@
 
 The benchmark counts FLOPs by a convention (:mod:`attnlib.bench.flops`): a forward pass
 is *counted as* two products of size (T, T, d), a backward pass as five. What a given
-implementation computes can differ, so chapter 10 counts the products in the code that
+implementation computes can differ, so chapter 13 counts the products in the code that
 runs: every ``a @ b`` (NumPy, torch) and every ``tl.dot(...)`` (Triton) in a function's
 source, read with :mod:`ast`, so that comments, docstrings and strings are never counted.
 

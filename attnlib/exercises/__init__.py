@@ -11,7 +11,7 @@ True
 Four kinds of exercise: *by hand* (a number worked out on paper), *implement*
 (a function), *find the bug* (a short function with one classic mistake) and
 *predict* (an answer given before computing). Each chapter's file
-(``ch1_qkv.py`` ... ``ch13_writing.py``) holds its exercises, their
+(``ch1_qkv.py`` ... ``ch13_backward.py``) holds its exercises, their
 solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
@@ -26,12 +26,12 @@ from . import (
     ch5_weighted_sum,
     ch6_matrix_form,
     ch7_learning,
-    ch8_timing,
-    ch9_without_the_matrix,
-    ch10_backward,
-    ch11_transformer,
-    ch12_generating,
-    ch13_writing,
+    ch8_transformer,
+    ch9_generating,
+    ch10_writing,
+    ch11_timing,
+    ch12_without_the_matrix,
+    ch13_backward,
 )
 from .core import KINDS, Exercise, Result
 
@@ -43,12 +43,12 @@ _CHAPTERS = (
     ch5_weighted_sum,
     ch6_matrix_form,
     ch7_learning,
-    ch8_timing,
-    ch9_without_the_matrix,
-    ch10_backward,
-    ch11_transformer,
-    ch12_generating,
-    ch13_writing,
+    ch8_transformer,
+    ch9_generating,
+    ch10_writing,
+    ch11_timing,
+    ch12_without_the_matrix,
+    ch13_backward,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}
 assert len(_REGISTRY) == sum(len(chapter.EXERCISES) for chapter in _CHAPTERS), "duplicate exercise ids"

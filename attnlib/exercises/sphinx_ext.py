@@ -21,8 +21,8 @@ nothing.
 It also numbers exercises per chapter. Sphinx numbers enumerable nodes across
 the whole book when the chapters have no section numbers, so the eighth exercise
 of the book would read "Exercise 8" wherever it sits. Here the exercises of
-``book/08_timing_on_gpu`` become Exercise 8.1, 8.2, ..., in page order, which
-matches their ids (``ch8.*``); titles, solution titles and references all read
+``book/11_timing_on_gpu`` become Exercise 11.1, 8.2, ..., in page order, which
+matches their ids (``ch11.*``); titles, solution titles and references all read
 the same table.
 
 Use it next to sphinx-exercise in ``_config.yml``::
@@ -82,7 +82,7 @@ class RemoveHiddenSolutions(SphinxTransform):
 
 
 def chapter_number(docname):
-    """The chapter a page is, from its file name (``book/08_timing_on_gpu`` -> 8), or None."""
+    """The chapter a page is, from its file name (``book/11_timing_on_gpu`` -> 8), or None."""
     match = re.match(r"(\d+)_", PurePosixPath(docname).name)
     return int(match.group(1)) if match else None
 

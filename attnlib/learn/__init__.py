@@ -16,9 +16,9 @@ One idea per file; import the one you need (this package imports nothing, so
 - :mod:`.recipes`: the book's models, their sizes, steps and seeds, and
   :func:`~.recipes.trained_coreference_model`, the trained Task 1 model;
 - :mod:`.ablation`: chapter 7's ablations (a head's output zeroed, a key blocked);
-- :mod:`.transformer`, :mod:`.induction`: chapter 11's decoder and its copying task;
-- :mod:`.patching`: chapter 11's zero and mean ablation and activation patching;
-- :mod:`.ch7_seeds`, :mod:`.sweep`: chapters 7 and 11 trained over many seeds, stored,
+- :mod:`.transformer`, :mod:`.induction`: chapter 8's decoder and its copying task;
+- :mod:`.patching`: chapter 8's zero and mean ablation and activation patching;
+- :mod:`.ch7_seeds`, :mod:`.sweep`: chapters 7 and 8 trained over many seeds, stored,
   stamped data (``attnlib/data/learn/``) that the chapters read;
 - :mod:`.gpt`: a character-level GPT on the King James Bible (:mod:`attnlib.text`), trained
   and evaluated from the command line, its checkpoints stored in ``attnlib/data/gpt/``

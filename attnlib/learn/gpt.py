@@ -1,4 +1,4 @@
-"""A small GPT on real text: chapter 11's decoder trained on the King James Bible, one character a token.
+"""A small GPT on real text: chapter 8's decoder trained on the King James Bible, one character a token.
 
     python -m attnlib.learn.gpt train --seed 0 --output attnlib/data/gpt/seed_0
     python -m attnlib.learn.gpt evaluate
@@ -116,7 +116,7 @@ def heldout_windows(recipe=recipes.GPT):
 
 
 def build_model(recipe=recipes.GPT, seed=0):
-    """The recipe's untrained decoder (chapter 11's, MLP and RoPE), weights seeded by ``seed``."""
+    """The recipe's untrained decoder (chapter 8's, MLP and RoPE), weights seeded by ``seed``."""
     vocab_size = len(recipe_tokenizer(recipe).vocab)
     return Decoder(vocab_size, recipe["d_model"], recipe["n_heads"], recipe["n_layers"],
                    positions="rope", mlp=True, embedding_std=recipe["embedding_std"],

@@ -1,4 +1,4 @@
-"""Which heads of the GPT on real text copy, measured the way chapter 11 measures its induction heads.
+"""Which heads of the GPT on real text copy, measured the way chapter 8 measures its induction heads.
 
 Two scores for every head (a (layers, heads) grid per model), each a mean attention weight:
 

@@ -1,4 +1,4 @@
-"""Chapter 11's task: random tokens in which a segment repeats, so that only copying predicts it.
+"""Chapter 8's task: random tokens in which a segment repeats, so that only copying predicts it.
 
 Each sequence holds T random tokens. A segment of L of them (L from 8 to 16)
 starting at ``first`` appears again, token for token, at a later ``second``

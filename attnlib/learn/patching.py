@@ -1,6 +1,6 @@
 """Test a circuit by changing what one head writes: mean ablation and activation patching.
 
-Chapter 11's story is that two heads copy together: a *previous-token head* in
+Chapter 8's story is that two heads copy together: a *previous-token head* in
 block 0 writes into every position which token came before it, and an *induction
 head* in block 1 looks for the position whose previous token equals the current
 one and copies the token there. Attention maps suggest the story; these functions

@@ -2,9 +2,9 @@
 
 Chapter 7 trains them in front of the reader; chapters 5 and 6 borrow the
 coreference model through :func:`trained_coreference_model`, which runs the
-same recipe (a few seconds) once per process and caches the result. Chapter 11
+same recipe (a few seconds) once per process and caches the result. Chapter 8
 trains :data:`INDUCTION`'s model through :func:`trained_induction_model`, cached
-the same way, which chapter 12 decodes with.
+the same way, which chapter 9 decodes with.
 
 The recipes import without torch (the exercises read them); the functions
 import the models when they build one.
@@ -89,7 +89,7 @@ def train_reversal(model, test_tokens, test_targets, recipe=REVERSAL, log=None):
                  evaluate=lambda m: accuracy(m, test_tokens, test_targets), eval_every=25, log=log)
 
 
-# Chapter 11: an induction head. Two attention-only blocks of 2 heads, RoPE, width 32, trained on
+# Chapter 8: an induction head. Two attention-only blocks of 2 heads, RoPE, width 32, trained on
 # next-token prediction over fresh random sequences with a repeated segment (attnlib.learn.induction).
 # How often the circuit forms within these steps, over seeds: `python -m attnlib.learn.sweep` (stored in
 # attnlib/data/learn/induction_seeds.json).
@@ -98,7 +98,7 @@ INDUCTION = dict(d_model=32, n_heads=2, n_layers=2, positions="rope", embedding_
 
 
 def induction_model(recipe=INDUCTION):
-    """An untrained attention-only decoder for chapter 11's task, float64."""
+    """An untrained attention-only decoder for chapter 8's task, float64."""
     from .induction import SEQUENCE_LENGTH, VOCAB_SIZE
     from .transformer import Decoder
 
@@ -150,21 +150,21 @@ def train_induction(model, recipe=INDUCTION, *, log=None):
 
 @functools.cache
 def trained_induction_model():
-    """``(model, history, snapshots)`` for chapter 11's model trained with :data:`INDUCTION`, cached per process.
+    """``(model, history, snapshots)`` for chapter 8's model trained with :data:`INDUCTION`, cached per process.
 
-    Chapter 12 decodes with this model.
+    Chapter 9 decodes with this model.
     """
     model = induction_model()
     history, snapshots = train_induction(model)
     return model, history, snapshots
 
 
-# The GPT on real text (attnlib.learn.gpt): chapter 11's decoder with its MLP and RoPE, one character a token,
+# The GPT on real text (attnlib.learn.gpt): chapter 8's decoder with its MLP and RoPE, one character a token,
 # trained on the King James Bible's training split; float32 weights and arithmetic. Held-out loss on a fixed
 # set of eval_windows windows of `context` + 1 characters, drawn with eval_seed.
 GPT = dict(tokenizer="characters", d_model=64, n_heads=4, n_layers=2, embedding_std=0.3, context=64,
            batch_size=64, steps=3000, lr=3e-3, warmup_steps=100, final_lr_fraction=0.1, dtype="float32",
            log_every=10, eval_every=500, eval_windows=1024, eval_seed=1000)
-# The same model and budget on byte-pair tokens (chapter 13's comparison): the characters and 256 merges
+# The same model and budget on byte-pair tokens (chapter 10's comparison): the characters and 256 merges
 # learned from the training text, so a window of `context` tokens holds about 2.4 times as many characters.
 GPT_BPE = dict(GPT, tokenizer="bpe", bpe_merges=256)

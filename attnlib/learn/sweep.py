@@ -1,4 +1,4 @@
-"""Train chapter 11's recipe over many seeds, and store what each run learned.
+"""Train chapter 8's recipe over many seeds, and store what each run learned.
 
     python -m attnlib.learn.sweep --output attnlib/data/learn/induction_seeds.json
 

@@ -1,6 +1,6 @@
 """A decoder-only Transformer: pre-LayerNorm blocks, positions, logits and the next-token loss.
 
-Chapter 11 builds it from chapter 6's multi-head attention, in the shape of
+Chapter 8 builds it from chapter 6's multi-head attention, in the shape of
 nanoGPT's ``model.py``:
 
 - :class:`LayerNorm`: each token's vector rescaled to mean 0 and variance 1,
@@ -17,7 +17,7 @@ Every weight is drawn from a seeded ``torch.Generator`` (the model never touches
 torch's global random state) and the model computes in float64 by default, so
 that a training run's printed numbers do not depend on the CPU's rounding.
 
-Interface for a decoder with a KV cache (chapter 12)
+Interface for a decoder with a KV cache (chapter 9)
 ----------------------------------------------------
 Stable since it was first committed; any change will be noted here.
 

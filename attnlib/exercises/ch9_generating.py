@@ -1,4 +1,4 @@
-"""Chapter 12, Generating text: the size of a cache, its alignment, shared heads, and intensity."""
+"""Chapter 9, Generating text: the size of a cache, its alignment, shared heads, and intensity."""
 
 import numpy as np
 
@@ -16,7 +16,7 @@ def _cache_bytes(n_layers, n_kv_heads, head_dim, bytes_per_number, seq_len, batc
 
 
 cache_bytes = ValueExercise(
-    id="ch12.cache_bytes",
+    id="ch9.cache_bytes",
     title="How big is the cache?",
     kind="by hand",
     task=(
@@ -99,7 +99,7 @@ def _cache_diagnose(case, given, answer):
 
 
 attend_to_cache = FunctionExercise(
-    id="ch12.attend_to_cache",
+    id="ch9.attend_to_cache",
     title="Find the bug: the new token sees only the first one",
     kind="find the bug",
     task=(
@@ -162,7 +162,7 @@ def _tiled_gqa(q, k, v):
 
 
 gqa_heads = FunctionExercise(
-    id="ch12.gqa_heads",
+    id="ch9.gqa_heads",
     title="Find the bug: the wrong heads share",
     kind="find the bug",
     task=(
@@ -207,7 +207,7 @@ def _decode_intensity(n_heads=64, n_kv_heads=8, bytes_per_number=2):
 
 
 decode_intensity = ValueExercise(
-    id="ch12.decode_intensity",
+    id="ch9.decode_intensity",
     title="The intensity of a grouped-query step",
     kind="predict",
     task=(

@@ -1,4 +1,4 @@
-"""Chapter 11, Attention inside a Transformer: a block's parameter count, a RoPE score after a shift,
+"""Chapter 8, Attention inside a Transformer: a block's parameter count, a RoPE score after a shift,
 the map an induction head needs, and a block whose residual carries the wrong vector.
 
 The checks that need torch import it when they run, so ``import attnlib.exercises``
@@ -35,7 +35,7 @@ def _block_parameters(d_hidden=None, biases=True, norms=True, attention_matrices
 
 
 block_parameters = ValueExercise(
-    id="ch11.block_parameters",
+    id="ch8.block_parameters",
     title="Count a block's parameters",
     kind="by hand",
     task=(
@@ -107,7 +107,7 @@ def _rope_score(query_position, key_position):
 
 
 rope_shift = ValueExercise(
-    id="ch11.rope_shift",
+    id="ch8.rope_shift",
     title="A RoPE score, far from the start",
     kind="by hand",
     task=(
@@ -201,7 +201,7 @@ def _first_occurrence(tokens):
 
 
 induction_targets = FunctionExercise(
-    id="ch11.induction_targets",
+    id="ch8.induction_targets",
     title="Where an induction head looks",
     kind="implement",
     task=(
@@ -306,7 +306,7 @@ def _no_residual(block, x):
 
 
 fix_residual = FunctionExercise(
-    id="ch11.fix_residual",
+    id="ch8.fix_residual",
     title="Find the bug: a block that forgets its input",
     kind="find the bug",
     task=(

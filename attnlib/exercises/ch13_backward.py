@@ -1,4 +1,4 @@
-"""Chapter 10, The backward pass: dV by hand, the missing row sum, and dS from P, dP and O.
+"""Chapter 13, The backward pass: dV by hand, the missing row sum, and dS from P, dP and O.
 
 The chapter works dV for "cat" with every output in the loss (dO all ones); the
 by-hand exercise leaves the output of "sat" out of the loss and asks for dV of
@@ -59,7 +59,7 @@ HINT_ROWSUM_OF_DP = (
 )
 
 dv_by_hand = ValueExercise(
-    id="ch10.dv_by_hand",
+    id="ch13.dv_by_hand",
     title='dV of "sat" by hand',
     kind="by hand",
     task=(
@@ -157,7 +157,7 @@ def _query_gradient_cases():
 
 
 fix_rowsum = FunctionExercise(
-    id="ch10.fix_rowsum",
+    id="ch13.fix_rowsum",
     title="Find the bug: a gradient that pushes whole rows",
     kind="find the bug",
     task=(
@@ -252,7 +252,7 @@ def _rowsum(p, d_p, out, d_out):
 
 
 score_gradient = FunctionExercise(
-    id="ch10.score_gradient",
+    id="ch13.score_gradient",
     title="The gradient through the softmax",
     kind="implement",
     task=(

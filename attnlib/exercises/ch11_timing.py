@@ -1,4 +1,4 @@
-"""Chapter 8, Timing attention: FLOPs, bytes, a correct timer, and the slope of time vs T.
+"""Chapter 11, Timing attention: FLOPs, bytes, a correct timer, and the slope of time vs T.
 
 Every check here runs on a CPU. The timer exercise stands in for a GPU with
 a fake device whose work, like a CUDA kernel's, only finishes when you
@@ -41,7 +41,7 @@ def forward_flops(B, H, T, d, causal=False):
 
 
 attention_flops = ValueExercise(
-    id="ch8.attention_flops",
+    id="ch11.attention_flops",
     title="Count the FLOPs",
     kind="by hand",
     task=(
@@ -87,7 +87,7 @@ def _score_bytes(T, bytes_per_entry):
 
 
 score_matrix_bytes = ValueExercise(
-    id="ch8.score_matrix_bytes",
+    id="ch11.score_matrix_bytes",
     title="The memory of one score matrix",
     kind="by hand",
     task=(
@@ -120,7 +120,7 @@ score_matrix_bytes = ValueExercise(
     },
     explanation=(
         "Multiply by the heads and the batch and the score matrices alone outgrow a GPU's memory, "
-        "which is why fused kernels (chapter 9) never store them."
+        "which is why fused kernels (chapter 12) never store them."
     ),
 )
 
@@ -335,7 +335,7 @@ def _no_sync_after_warmup(fn, sync, warmup=1, repeats=5):
 
 
 median_timer = TimerExercise(
-    id="ch8.median_timer",
+    id="ch11.median_timer",
     title="A timer that tells the truth",
     kind="implement",
     task=(
@@ -410,7 +410,7 @@ def _log_log_slope(tokens_per_batch=TOKENS_PER_BATCH):
 _TOKENS_TEXT = f"{TOKENS_PER_BATCH:,}".replace(",", "{,}")  # a thousands comma in LaTeX
 
 time_vs_t_slope = ValueExercise(
-    id="ch8.time_vs_t_slope",
+    id="ch11.time_vs_t_slope",
     title="The slope of time against T, at a fixed number of tokens",
     kind="predict",
     task=(

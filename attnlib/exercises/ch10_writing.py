@@ -1,4 +1,4 @@
-"""Chapter 13, A GPT that writes: a BPE merge by hand, the loss in perplexity and bits, a
+"""Chapter 10, A GPT that writes: a BPE merge by hand, the loss in perplexity and bits, a
 temperature, top-p, and the cache of the chapter's model.
 
 The chapter prints the cache of one full window, so the cache exercise asks for a batch
@@ -140,7 +140,7 @@ class MergeExercise(Exercise):
 
 
 first_merge = MergeExercise(
-    id="ch13.first_merge",
+    id="ch10.first_merge",
     title="The first merge",
     kind="by hand",
     task=(
@@ -213,7 +213,7 @@ def _bits(loss=LOSS):
 
 
 perplexity = ValueExercise(
-    id="ch13.perplexity",
+    id="ch10.perplexity",
     title="From a loss to a perplexity",
     kind="by hand",
     task=(
@@ -258,7 +258,7 @@ perplexity = ValueExercise(
 )
 
 bits_per_character = ValueExercise(
-    id="ch13.bits_per_character",
+    id="ch10.bits_per_character",
     title="From nats to bits",
     kind="by hand",
     task=(
@@ -375,7 +375,7 @@ def _temperature_diagnose(case, given, answer):
 
 
 with_temperature = FunctionExercise(
-    id="ch13.with_temperature",
+    id="ch10.with_temperature",
     title="Sampling at a temperature",
     kind="implement",
     task=(
@@ -481,7 +481,7 @@ HINT_ONE_SHORT = (
 )
 
 top_p_filter = FunctionExercise(
-    id="ch13.top_p_filter",
+    id="ch10.top_p_filter",
     title="Top-p filtering",
     kind="implement",
     task=(
@@ -554,7 +554,7 @@ def _gpt_cache_bytes(head_dim=None, dtype=None, batch=CACHE_BATCH, keys_and_valu
 _LLAMA_PER_TOKEN = kv_cache_bytes(32, 32, 128, "float16")  # bytes per token
 
 cache_bytes = ValueExercise(
-    id="ch13.cache_bytes",
+    id="ch10.cache_bytes",
     title="The cache of the chapter's model",
     kind="by hand",
     task=(

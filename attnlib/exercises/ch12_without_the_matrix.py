@@ -1,4 +1,4 @@
-"""Chapter 9, Attention without the n x n matrix: the running sum by hand, one online-softmax step,
+"""Chapter 12, Attention without the n x n matrix: the running sum by hand, one online-softmax step,
 a rescaling bug, and the blocks a causal tiled pass visits.
 
 The update-step exercise checks the reader's ``online_update`` the way the
@@ -37,7 +37,7 @@ TWO_BLOCK_SCORES = np.array([1.0, 3.0, 2.0, 5.0])
 TWO_BLOCK_SIZE = 2
 
 # The causal tiled pass the predict exercise asks about.
-CAUSAL_GRID = {"T": 5120, "block_size": 256}  # 210 of 400 blocks: a count chapter 9 prints nowhere else
+CAUSAL_GRID = {"T": 5120, "block_size": 256}  # 210 of 400 blocks: a count chapter 12 prints nowhere else
 
 HINT_ACC_NOT_RESCALED = (
     "you rescaled l but not acc: every term in acc was also computed under the old maximum, "
@@ -99,7 +99,7 @@ _SCORES_TEXT = ", ".join(f"{s:g}" for s in TWO_BLOCK_SCORES)
 _FIRST_TEXT, _SECOND_TEXT = (", ".join(f"{s:g}" for s in block) for block in _blocks_of(TWO_BLOCK_SCORES))
 
 running_sum = ValueExercise(
-    id="ch9.running_sum",
+    id="ch12.running_sum",
     title="The running sum after two blocks",
     kind="by hand",
     task=(
@@ -444,7 +444,7 @@ def _python_max(m, l, acc, scores_block, v_block):
 
 
 online_update = UpdateStepExercise(
-    id="ch9.online_update",
+    id="ch12.online_update",
     title="One step of the online softmax",
     kind="implement",
     task=(
@@ -548,7 +548,7 @@ def _online_attention_cases():
 
 
 fix_acc_rescale = FunctionExercise(
-    id="ch9.fix_acc_rescale",
+    id="ch12.fix_acc_rescale",
     title="Find the bug: blocks that disagree",
     kind="find the bug",
     task=(
@@ -614,7 +614,7 @@ _GRID_T_TEXT = f"{CAUSAL_GRID['T']:,}".replace(",", "{,}")  # 4{,}096: a thousan
 
 
 causal_blocks = ValueExercise(
-    id="ch9.causal_blocks",
+    id="ch12.causal_blocks",
     title="How many blocks a causal pass visits",
     kind="predict",
     task=(
