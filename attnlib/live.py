@@ -3,7 +3,7 @@
 Where :mod:`attnlib.interactive` steps through frames computed in Python, these
 figures take what the reader types or picks and compute in the browser, with the
 JavaScript in ``attnlib/live.js`` (package data, inlined into each figure): a
-softmax, one query's attention, and the forward pass of chapter 11's trained
+softmax, one query's attention, and the forward pass of chapter 8's trained
 decoder, each mirroring the Python it is named after. The data they need (the
 example's Q, K and V, or the model's weights) travels inside the figure as JSON.
 Nothing is loaded from anywhere, so the figures work in the HTML book offline.
@@ -282,13 +282,13 @@ def pointer_live(model, *, animal="animal", place="street", adjective="tired", t
 
 
 # ---------------------------------------------------------------------------------------
-# 4. The induction head, live (chapter 11)
+# 4. The induction head, live (chapter 8)
 
 
 def export_decoder(model, digits=9):
     """An attention-only RoPE :class:`attnlib.learn.transformer.Decoder`'s weights as JSON-ready lists.
 
-    Rounded to ``digits`` significant digits (about 140 kB for chapter 11's model),
+    Rounded to ``digits`` significant digits (about 140 kB for chapter 8's model),
     which moves its logits by about 1e-7 to 1e-6 (the page is compared with this rounded twin).
     """
     from .learn.transformer import Decoder

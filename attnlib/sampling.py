@@ -1,6 +1,6 @@
 """Sampling the next token: temperature, top-k and top-p, with a seeded generator.
 
-Greedy decoding (chapter 12) always takes the most likely token. Sampling draws the next
+Greedy decoding (chapter 9) always takes the most likely token. Sampling draws the next
 token at random with the probabilities the model gives it, after three optional changes:
 
 - **temperature** τ: the logits are divided by τ before the softmax. τ < 1 sharpens the
@@ -14,7 +14,7 @@ generator (mulberry32) whose every step is 32-bit integer arithmetic, so the pag
 JavaScript (``attnlib/live.js``) draws the same numbers from the same seed: the token
 drawn is the first whose cumulative probability exceeds u.
 
-:func:`generate` runs chapter 12's loop, with a KV cache (``cached=True``) or recomputing
+:func:`generate` runs chapter 9's loop, with a KV cache (``cached=True``) or recomputing
 every position, choosing each token with :func:`sample_next`.
 """
 
@@ -73,7 +73,7 @@ def generate(model, prompt, n_new, *, temperature=1.0, top_k=None, top_p=None, s
              cached=True, window=None):
     """Continue ``prompt`` (1, T_0) by ``n_new`` tokens, each chosen by :func:`sample_next`.
 
-    With ``cached=True`` it is chapter 12's cached loop (``window=W``: each block keeps its
+    With ``cached=True`` it is chapter 9's cached loop (``window=W``: each block keeps its
     last W positions, so the model can write past the length it was trained on); with
     ``cached=False`` every step runs the model over the whole sequence (with the same
     window). Both give the same tokens. Returns the tokens (1, T_0 + n_new).

@@ -23,7 +23,7 @@ LETTERS = "abcdefghijklmnopqrstuvwx"
 
 @pytest.fixture(scope="module")
 def small_model():
-    """Chapter 11's decoder, trained for a few steps only (the page's arithmetic is what is tested)."""
+    """Chapter 8's decoder, trained for a few steps only (the page's arithmetic is what is tested)."""
     recipe = dict(recipes.INDUCTION, steps=30, eval_every=30, eval_sequences=8)
     model = recipes.induction_model(recipe)
     recipes.train_induction(model, recipe)
