@@ -12,8 +12,8 @@ Here that is the document mask of :mod:`attnlib.mods` on one long sequence
 last query of a sequence lines up with its last key, as flash_attn aligns it),
 and a block mask (:func:`attnlib.block_mask`) so that the ``tiled`` backend
 visits only the tiles on the diagonal of sequences. The ``triton`` backend runs
-this mask_mod inside its kernel (:mod:`attnlib.backends.triton_flex`) with the
-same skipping, unless the heads are grouped (H_kv < H), where it becomes a mask.
+this mask_mod inside its kernels (:mod:`attnlib.backends.triton_flex`), forward
+and backward, with the same skipping.
 """
 
 import numpy as np

@@ -179,16 +179,34 @@ def test_low_precision(dtype, tol):
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=0)
 
 
-def test_user_functions_and_gqa_take_the_dense_route():
+def test_user_functions_take_the_dense_route():
     q, k, v, _ = tensors(1, 4, T, 8, seed=6)
     own = lambda b, h, i, j: (i - j) % 2 == 0  # noqa: E731  not in the gallery
     assert triton_flex.kernel_spec(None, own, None, None, T, T, None) is None
-    assert triton_flex.kernel_spec(None, mods.causal(), None, None, T, T, 2) is None  # grouped heads
     torch.testing.assert_close(attnlib.attention(q, k, v, mask_mod=own, backend="triton"),
                                attnlib.attention(q, k, v, mask_mod=own, backend="torch"), atol=1e-13, rtol=0)
-    out = attnlib.attention(q, k[:, :2], v[:, :2], mask_mod=mods.causal(), enable_gqa=True, backend="triton")
-    torch.testing.assert_close(out, attnlib.attention(q, k[:, :2], v[:, :2], causal=True, enable_gqa=True),
-                               atol=1e-13, rtol=0)
+
+
+def test_grouped_heads_run_in_the_kernel(monkeypatch):
+    """enable_gqa: ALiBi's slope follows the query head and the per-batch documents the batch entry,
+    though the kernels see (batch x H_kv, G) views."""
+    q, _, _, d_out = tensors(2, 6, T, 8, seed=7)
+    _, k, v, _ = tensors(2, 2, T, 8, seed=8)
+    kw = dict(score_mod=mods.alibi(6), mask_mod=mods.and_masks(mods.causal(), mods.document(np.stack([DOC, DOC[::-1]]))),
+              enable_gqa=True)
+    calls = []
+    real = triton_flex.forward_with_lse
+    monkeypatch.setattr(triton_flex, "forward_with_lse", lambda *a: calls.append(1) or real(*a))
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = attnlib.attention(*xs, backend="triton", **kw)
+    torch.testing.assert_close(out.detach(), attnlib.attention(q, k, v, backend="torch", **kw), atol=1e-13, rtol=0)
+    out.backward(d_out)
+    expected = attnlib.attention_backward(q, k, v, d_out, backend="torch", **kw)
+    direct = attnlib.attention_backward(q, k, v, d_out, backend="triton", **kw)
+    for x, d, e in zip(xs, direct, expected):
+        torch.testing.assert_close(x.grad, e, atol=1e-12, rtol=0)
+        torch.testing.assert_close(d, e, atol=1e-12, rtol=0)
+    assert len(calls) == 2  # autograd's forward and attention_backward's
 
 
 COMPILE = textwrap.dedent('''

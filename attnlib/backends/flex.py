@@ -647,7 +647,7 @@ def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mo
     spec = triton_flex.kernel_spec(score_mod, mask_mod, causal, window, shapes.t_q, shapes.t_k, group)
     if spec is None or (block_mask is not None and block_mask.block_size not in triton_flex.TILES):
         return None
-    block_mask = _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask)
+    block_mask = _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask, group)
     mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, shapes.batch_shape, shapes.t_q, shapes.t_k,
                 group, like=q)
     out, lse = TritonFlex.apply(q, k, v, spec, block_mask, scale, mods)
@@ -658,7 +658,7 @@ def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mo
     return out
 
 
-def _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask):
+def _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask, group=None):
     """The block mask the mod kernel walks: the caller's, or one made from the mods (with causal and
     window folded in) at the kernel's tile."""
     from ..block_mask import block_mask as make_block_mask
@@ -673,7 +673,8 @@ def _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask):
             parts.append(lambda b, h, q_idx, kv_idx: (q_idx >= 0) & (kv_idx >= 0))
         combined = parts[0] if len(parts) == 1 else and_masks(*parts)
         per_batch = spec["HAS_DOC"] and spec["doc"].ndim == 2 or spec["HAS_PREFIX"] and spec["prefix"].size > 1
-        n_b = math.prod(shapes.batch_shape[:-1]) if len(shapes.batch_shape) > 1 else 1
+        heads = 2 if group else 1
+        n_b = math.prod(shapes.batch_shape[:-heads]) if len(shapes.batch_shape) > heads else 1
         block_mask = make_block_mask(combined, n_b if per_batch else None, None, shapes.t_q, shapes.t_k,
                                      block_size=block_mask.block_size if block_mask is not None
                                      else triton_flex.tile_for(q.dtype)[0])
@@ -691,7 +692,8 @@ def _triton_flex_function():
         def forward(ctx, q, k, v, spec, bm, scale, mods):
             batch_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
             q4, k4, v4 = (triton_flash._as_4d(x, batch_shape) for x in (q, k, v))
-            out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, bm, scale)
+            ctx.n_kv = batch_shape[-2] if mods.group else 1  # grouped: (..., H_kv, G) views
+            out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, bm, scale, ctx.n_kv)
             out = out.to(q.dtype)
             ctx.save_for_backward(q4, k4, v4, out, lse)
             ctx.scale, ctx.mods, ctx.batch_shape, ctx.spec, ctx.bm = scale, mods, batch_shape, spec, bm
@@ -704,7 +706,8 @@ def _triton_flex_function():
         def backward(ctx, d_out, _d_lse):
             q4, k4, v4, out, lse = ctx.saved_tensors
             d_out4 = triton_flash._as_4d(d_out, ctx.batch_shape)
-            grads = triton_flex.grads_from_lse(q4, k4, v4, out, lse, d_out4, ctx.spec, ctx.bm, ctx.scale)
+            grads = triton_flex.grads_from_lse(q4, k4, v4, out, lse, d_out4, ctx.spec, ctx.bm, ctx.scale,
+                                               ctx.n_kv)
             dq, dk, dv = triton_backward._to_input_shapes(grads, ctx.shapes, ctx.batch_shape, q4.dtype)
             return dq, dk, dv, None, None, None, None
 
@@ -735,15 +738,16 @@ def _triton_in_kernel_backward(q, k, v, d_out, causal, window, scale, shapes, sc
     spec = triton_flex.kernel_spec(score_mod, mask_mod, causal, window, shapes.t_q, shapes.t_k, group)
     if spec is None or (block_mask is not None and block_mask.block_size not in triton_flex.TILES):
         return None
-    block_mask = _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask)
+    block_mask = _kernel_block_mask(spec, q, shapes, causal, window, mask_mod, block_mask, group)
     batch_shape = tuple(shapes.batch_shape)
     q4, k4, v4, d4 = (triton_flash._as_4d(x, batch_shape) for x in (q, k, v, d_out))
-    out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, block_mask, scale)
+    n_kv = batch_shape[-2] if group else 1  # grouped: (..., H_kv, G) views
+    out, lse = triton_flex.forward_with_lse(q4, k4, v4, spec, block_mask, scale, n_kv)
     if not zero and checking_values():
         where = first_empty_row(lse.reshape(*batch_shape, -1) == float("-inf"), "torch")
         if where is not None:
             mods = Mods(score_mod, mask_mod, block_mask, None, causal, window, batch_shape, shapes.t_q,
                         shapes.t_k, group, like=q)
             raise_empty_row(where, mods, shapes.score_shape)
-    grads = triton_flex.grads_from_lse(q4, k4, v4, out.to(q.dtype), lse, d4, spec, block_mask, scale)
+    grads = triton_flex.grads_from_lse(q4, k4, v4, out.to(q.dtype), lse, d4, spec, block_mask, scale, n_kv)
     return tuple(g.reshape(*batch_shape, *g.shape[-2:]) for g in grads)

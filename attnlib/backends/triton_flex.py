@@ -39,7 +39,7 @@ TILES = (16, 32, 64, 128, 256, 512)  # block-mask block sizes the kernel takes (
 
 
 @triton.jit
-def _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window,
+def _keep(offs_m, keys, b, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window,
           Shift, shift_window, HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
           HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr):
     """(BLOCK_M, BLOCK_N) booleans: the keys the gallery's mask_mods (and-ed) leave each query."""
@@ -51,8 +51,8 @@ def _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window,
     if HAS_WINDOW:
         keep = keep & (j <= i) & (i - j < window)
     if HAS_DOC:
-        doc_q = tl.load(DocQ + off_z * stride_doc + offs_m, mask=offs_m < T_q, other=-1)
-        doc_k = tl.load(DocK + off_z * stride_doc + keys, mask=keys < T_k, other=-2)
+        doc_q = tl.load(DocQ + b * stride_doc + offs_m, mask=offs_m < T_q, other=-1)
+        doc_k = tl.load(DocK + b * stride_doc + keys, mask=keys < T_k, other=-2)
         keep = keep & (doc_q[:, None] == doc_k[None, :])
     if HAS_PREFIX:
         keep = keep & ((j < prefix) | (j <= i))
@@ -67,7 +67,7 @@ def _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window,
 
 
 @triton.jit
-def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope, T_q, T_k, scale,
+def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, b, slope, T_q, T_k, scale,
                     stride_kn, stride_kd, stride_vn, stride_vd,
                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap, Shift, shift_window,
                     HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr,
@@ -99,7 +99,7 @@ def _flex_fwd_inner(acc, l_i, m_i, q, K, V, Idx, n_blocks, offs_m, off_z, slope,
             s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
         s = s * 1.4426950408889634  # log2 units: exp(x) == exp2(x * log2(e))
         if MASKED:
-            keep = _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
+            keep = _keep(offs_m, keys, b, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
                          sink_window, Shift, shift_window, HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX,
                          HAS_SINKS, HAS_SHIFT)
         else:  # a full tile: every key allowed (padding rows past T_q are never stored)
@@ -122,7 +122,7 @@ def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Pre
               stride_vz, stride_vh, stride_vn, stride_vd,
               stride_oz, stride_oh, stride_om, stride_od,
               stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
-              H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
+              H, n_kv, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
               HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
               HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -140,16 +140,18 @@ def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Pre
         cap = tl.load(cap)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
+    b = off_z // n_kv  # the mods' batch entry and query head (grouped heads: off_z = b * n_kv + h_kv)
+    head = (off_z % n_kv) * H + off_h
     Q += off_z * stride_qz + off_h * stride_qh
     K += off_z * stride_kz + off_h * stride_kh
     V += off_z * stride_vz + off_h * stride_vh
     Out += off_z * stride_oz + off_h * stride_oh
     Lse += off_hz * T_q
     q_block = start_m * BLOCK_M // BS  # this tile's query block in the block mask
-    lists = off_z * stride_nz + off_h * stride_nh + q_block
-    rows = off_z * stride_iz + off_h * stride_ih + q_block * n_kv_blocks
-    prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
-    slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
+    lists = b * stride_nz + head * stride_nh + q_block
+    rows = b * stride_iz + head * stride_ih + q_block * n_kv_blocks
+    prefix = tl.load(Prefix + b * stride_prefix) if HAS_PREFIX else 0
+    slope = tl.load(Slopes + head).to(ACC_DTYPE) if ALIBI else 0.0
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     offs_dk = tl.arange(0, BLOCK_DK)
@@ -163,14 +165,14 @@ def _flex_fwd(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, DocQ, DocK, Pre
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
     # the full tiles: no mask; then the partial ones: the mask_mods entry by entry
     acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, FullIdx + rows, tl.load(FullNum + lists), offs_m,
-                                    off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    b, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
                                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
                                     Shift, shift_window, HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, False,
                                     HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, HAS_SHIFT,
                                     ALIBI, SOFTCAP,
                                     UPCAST, ACC_DTYPE, DOT_PRECISION)
     acc, l_i, m_i = _flex_fwd_inner(acc, l_i, m_i, q, K, V, KvIdx + rows, tl.load(KvNum + lists), offs_m,
-                                    off_z, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    b, slope, T_q, T_k, scale, stride_kn, stride_kd, stride_vn, stride_vd,
                                     DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
                                     Shift, shift_window, HEAD_DK, HEAD_DV, BLOCK_DK, BLOCK_DV, BLOCK_N, BS, True,
                                     HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX, HAS_SINKS, HAS_SHIFT,
@@ -206,9 +208,8 @@ def _flatten(mask_mod):
 
 def kernel_spec(score_mod, mask_mod, causal, window, t_q, t_k, group):
     """The kernel's constants and numbers for these mods, or None when the kernel cannot run them (a
-    user's own function, a bottom-right causal mask with T_q != T_k, grouped heads, a repeated mod)."""
-    if group is not None:
-        return None
+    user's own function, a bottom-right causal mask with T_q != T_k, a repeated mod). Grouped heads
+    (``group``) are fine: the kernels are told how many key/value heads the batch dimension holds."""
     parts = _flatten(mask_mod)
     if parts is None:
         return None
@@ -306,7 +307,7 @@ def _lists(array, device, dims):
     return t, strides
 
 
-def forward_with_lse(q4, k4, v4, spec, bm, scale):
+def forward_with_lse(q4, k4, v4, spec, bm, scale, n_kv=1):
     """Run the kernel on (B, H, T, d) tensors with block mask ``bm`` (its block size is the tile);
     return ``(out, lse)``, lse in log2 units (-inf for a row with no key)."""
     n_batch, n_heads, t_q, d_k = q4.shape
@@ -344,7 +345,7 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
         q4, k4, v4, out, lse, kv_num, kv_idx, full_num, full_idx, doc, doc_k, prefix, slopes, shift,
         *q4.stride(), *k4.stride(), *v4.stride(), *out.stride(),
         snz, snh, siz, sih, stride_doc, 0 if prefix.numel() == 1 else 1,
-        n_heads, t_q, t_k, bm.kv_indices.shape[-1], scale_arg, spec["window"], spec["n_sinks"],
+        n_heads, n_kv, t_q, t_k, bm.kv_indices.shape[-1], scale_arg, spec["window"], spec["n_sinks"],
         spec["sink_window"], cap_arg, spec["shift_window"],
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
         BLOCK_DV=triton_flash.padded_head_dim(d_v), BLOCK_M=block_m, BLOCK_N=block_n, BS=bm.block_size,
@@ -360,7 +361,7 @@ def forward_with_lse(q4, k4, v4, spec, bm, scale):
 # ---------------------------------------------------------------- the backward pass, over the same tiles
 
 @triton.jit
-def _flex_scores(q, kT, offs_m, keys, off_z, slope, lse, T_q, T_k, scale,
+def _flex_scores(q, kT, offs_m, keys, b, slope, lse, T_q, T_k, scale,
                  DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap, Shift, shift_window,
                  MASKED: tl.constexpr, HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
                  HAS_PREFIX: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SHIFT: tl.constexpr,
@@ -377,7 +378,7 @@ def _flex_scores(q, kT, offs_m, keys, off_z, slope, lse, T_q, T_k, scale,
         s = cap * t
         slope_of_mod = 1.0 - t * t
     if MASKED:
-        keep = _keep(offs_m, keys, off_z, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
+        keep = _keep(offs_m, keys, b, T_q, T_k, DocQ, DocK, stride_doc, prefix, window, n_sinks,
                      sink_window, Shift, shift_window, HAS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PREFIX,
                      HAS_SINKS, HAS_SHIFT)
     else:
@@ -395,7 +396,7 @@ def _flex_bwd_dq(Q, K, V, DO, Lse, Delta, DQ, KvNum, KvIdx, FullNum, FullIdx, Do
                  stride_doz, stride_doh, stride_dom, stride_dod,
                  stride_dqz, stride_dqh, stride_dqm, stride_dqd,
                  stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
-                 H, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
+                 H, n_kv, T_q, T_k, n_kv_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
                  HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
                  HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -412,6 +413,8 @@ def _flex_bwd_dq(Q, K, V, DO, Lse, Delta, DQ, KvNum, KvIdx, FullNum, FullIdx, Do
         cap = tl.load(cap)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
+    b = off_z // n_kv  # the mods' batch entry and query head (grouped heads: off_z = b * n_kv + h_kv)
+    head = (off_z % n_kv) * H + off_h
     Q += off_z * stride_qz + off_h * stride_qh
     K += off_z * stride_kz + off_h * stride_kh
     V += off_z * stride_vz + off_h * stride_vh
@@ -420,10 +423,10 @@ def _flex_bwd_dq(Q, K, V, DO, Lse, Delta, DQ, KvNum, KvIdx, FullNum, FullIdx, Do
     Lse += off_hz * T_q
     Delta += off_hz * T_q
     q_block = start_m * BLOCK_M // BS
-    lists = off_z * stride_nz + off_h * stride_nh + q_block
-    rows = off_z * stride_iz + off_h * stride_ih + q_block * n_kv_blocks
-    prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
-    slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
+    lists = b * stride_nz + head * stride_nh + q_block
+    rows = b * stride_iz + head * stride_ih + q_block * n_kv_blocks
+    prefix = tl.load(Prefix + b * stride_prefix) if HAS_PREFIX else 0
+    slope = tl.load(Slopes + head).to(ACC_DTYPE) if ALIBI else 0.0
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
     offs_dk = tl.arange(0, BLOCK_DK)
@@ -452,7 +455,7 @@ def _flex_bwd_dq(Q, K, V, DO, Lse, Delta, DQ, KvNum, KvIdx, FullNum, FullIdx, Do
             if UPCAST:
                 kT = kT.to(tl.float32)
                 vT = vT.to(tl.float32)
-            p, mod_slope = _flex_scores(q, kT, offs_m, keys, off_z, slope, lse, T_q, T_k, scale,
+            p, mod_slope = _flex_scores(q, kT, offs_m, keys, b, slope, lse, T_q, T_k, scale,
                                         DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
                                         Shift, shift_window, stage == 1, HAS_CAUSAL, HAS_WINDOW, HAS_DOC,
                                         HAS_PREFIX, HAS_SINKS, HAS_SHIFT, ALIBI, SOFTCAP, ACC_DTYPE,
@@ -475,7 +478,7 @@ def _flex_bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV, QNum, QIdx, FullNum, FullIdx
                    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
                    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
                    stride_nz, stride_nh, stride_iz, stride_ih, stride_doc, stride_prefix,
-                   H, T_q, T_k, n_q_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
+                   H, n_kv, T_q, T_k, n_q_blocks, scale, window, n_sinks, sink_window, cap, shift_window,
                    HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr,
                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
                    HAS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -492,6 +495,8 @@ def _flex_bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV, QNum, QIdx, FullNum, FullIdx
         cap = tl.load(cap)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
+    b = off_z // n_kv  # the mods' batch entry and query head (grouped heads: off_z = b * n_kv + h_kv)
+    head = (off_z % n_kv) * H + off_h
     Q += off_z * stride_qz + off_h * stride_qh
     K += off_z * stride_kz + off_h * stride_kh
     V += off_z * stride_vz + off_h * stride_vh
@@ -501,10 +506,10 @@ def _flex_bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV, QNum, QIdx, FullNum, FullIdx
     Lse += off_hz * T_q
     Delta += off_hz * T_q
     k_block = start_n * BLOCK_N // BS
-    lists = off_z * stride_nz + off_h * stride_nh + k_block
-    cols = off_z * stride_iz + off_h * stride_ih + k_block * n_q_blocks
-    prefix = tl.load(Prefix + off_z * stride_prefix) if HAS_PREFIX else 0
-    slope = tl.load(Slopes + off_h).to(ACC_DTYPE) if ALIBI else 0.0
+    lists = b * stride_nz + head * stride_nh + k_block
+    cols = b * stride_iz + head * stride_ih + k_block * n_q_blocks
+    prefix = tl.load(Prefix + b * stride_prefix) if HAS_PREFIX else 0
+    slope = tl.load(Slopes + head).to(ACC_DTYPE) if ALIBI else 0.0
     keys = start_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M).to(tl.int64)
     offs_dk = tl.arange(0, BLOCK_DK)
@@ -534,7 +539,7 @@ def _flex_bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV, QNum, QIdx, FullNum, FullIdx
             if UPCAST:
                 q = q.to(tl.float32)
                 do = do.to(tl.float32)
-            p, mod_slope = _flex_scores(q, kT, rows, keys, off_z, slope, lse, T_q, T_k, scale,
+            p, mod_slope = _flex_scores(q, kT, rows, keys, b, slope, lse, T_q, T_k, scale,
                                         DocQ, DocK, stride_doc, prefix, window, n_sinks, sink_window, cap,
                                         Shift, shift_window, stage == 1, HAS_CAUSAL, HAS_WINDOW, HAS_DOC,
                                         HAS_PREFIX, HAS_SINKS, HAS_SHIFT, ALIBI, SOFTCAP, ACC_DTYPE,
@@ -565,7 +570,7 @@ def _tables(spec, device):
     return (doc, doc_k, prefix, slopes, shift), (stride_doc, 0 if prefix.numel() == 1 else 1)
 
 
-def grads_from_lse(q4, k4, v4, out, lse, d_out4, spec, bm, scale):
+def grads_from_lse(q4, k4, v4, out, lse, d_out4, spec, bm, scale, n_kv=1):
     """``(dq, dk, dv)``, each (B, H, T, d), from the forward's output and log-sum-exp, over the tiles the
     block mask lists; a row with no key (lse -inf) sends no gradient."""
     n_batch, n_heads, t_q, d_k = q4.shape
@@ -579,7 +584,7 @@ def grads_from_lse(q4, k4, v4, out, lse, d_out4, spec, bm, scale):
     tables, (stride_doc, stride_prefix) = _tables(spec, device)
     upcast, acc_dtype, dot_precision = triton_flash.kernel_dtypes(q4.dtype)
     scale_arg, cap_arg = triton_flash.scale_arguments(q4.dtype, device, scale, spec["cap"])
-    numbers = (n_heads, t_q, t_k)
+    numbers = (n_heads, n_kv, t_q, t_k)
     after = (scale_arg, spec["window"], spec["n_sinks"], spec["sink_window"], cap_arg, spec["shift_window"])
     constants = dict(
         HEAD_DK=d_k, HEAD_DV=d_v, BLOCK_DK=triton_flash.padded_head_dim(d_k),
