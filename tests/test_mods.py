@@ -421,3 +421,15 @@ def test_mods_and_zero_rows_compile_without_graph_breaks_unchecked(backend, case
     torch._dynamo.reset()
     assert torch._dynamo.explain(checked)(q).graph_break_count >= 1
     torch.testing.assert_close(step(q), checked(q), atol=0, rtol=0)
+
+
+def test_attention_weights_take_the_mods(qkv):
+    """The weights times v are the output, NumPy and torch, with a score_mod and a mask_mod."""
+    q, k, v, _ = qkv
+    kw = dict(score_mod=mods.soft_cap(0.8), mask_mod=mods.attention_sinks(2, 4))
+    for x in ((q, k, v), as_kind("torch", q, k, v)):
+        w = attnlib.attention_weights(x[0], x[1], **kw)
+        np.testing.assert_allclose(as_np(w) @ v, reference(q, k, v, lambda s, b, h, i, j: 0.8 * np.tanh(s / 0.8)
+                                                           if GALLERY["attention_sinks"][2](b, h, i, j) else -np.inf,
+                                                           "score_mod"), atol=1e-12, rtol=0)
+        assert (as_np(w)[..., 0, 1:] == 0).all()
