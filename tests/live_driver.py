@@ -151,3 +151,51 @@ def check_pointer(tab, figure_id, data, sentences):
         if verdict.split(":")[0] != ("right" if pick == right else "wrong"):
             problems.append(f"{words}: verdict {verdict!r}, model picks {pick}, answer {right}")
     return problems
+
+
+WRITER_JS = """((id, prompt, temperature, seed, head) => {
+    const root = document.getElementById(id);
+    const set = (selector, value, event) => { const e = root.querySelector(selector); e.value = value;
+        e.dispatchEvent(new Event(event)); };
+    set("select.attn-live-head", head, "change");
+    set("select.attn-live-temperature", temperature, "change");
+    set("input.attn-live-seed", seed, "input");
+    set("textarea.attn-live-prompt", prompt, "input");
+    return {message: root.querySelector(".attn-live-message").textContent,
+            invalid: root.classList.contains("attn-live-invalid"),
+            text: root.querySelector('[data-role="text"]').dataset.value,
+            logits: root.querySelector('[data-role="logits"]').dataset.value,
+            weights: [...root.querySelectorAll('.attn-live-grid [data-role="w"]')].map(e => e.dataset.value)};
+})"""
+
+
+def set_writer(tab, figure_id, prompt, temperature, seed, head):
+    """Type a prompt, pick a temperature, a seed and a head in the writer figure; what it then shows."""
+    args = ", ".join(json.dumps(a) for a in (figure_id, prompt, f"{temperature:g}", str(seed), head))
+    return tab.evaluate(f"{WRITER_JS}({args})", await_promise=False)
+
+
+def check_writer(tab, figure_id, data, cases):
+    """Each (prompt, temperature, seed, (layer, head)): the page's text equal to Python's, its logits and
+    the head's weights to 1e-6; then bad input, which shows a message and leaves the text as it was."""
+    from attnlib import live_writer
+
+    problems = []
+    for prompt, temperature, seed, (layer, h) in cases:
+        want = live_writer.writer_state(data, prompt, temperature, seed, data["n_new"])
+        shown = set_writer(tab, figure_id, prompt, temperature, seed, f"{layer},{h}")
+        if shown["message"] or shown["text"] != want["text"]:
+            problems.append(f"{prompt!r} t={temperature} seed={seed}: text {shown['text']!r} / {want['text']!r} "
+                            f"({shown['message']!r})")
+        if not close(shown["logits"].split(","), want["logits"]) or not close(shown["weights"],
+                                                                               want["maps"][layer][h]):
+            problems.append(f"{prompt!r} t={temperature} seed={seed}: logits or weights differ")
+    last = set_writer(tab, figure_id, "And", 0.8, 1, "1,0")  # the settings the bad prompts keep
+    for bad, words in (("Zoë", "not in the model's alphabet"), ("x" * 65, "at most 64"), ("", "at least one")):
+        shown = set_writer(tab, figure_id, bad, 0.8, 1, "1,0")
+        if words not in shown["message"] or not shown["invalid"] or shown["text"] != last["text"]:
+            problems.append(f"bad prompt {bad!r}: {shown['message']!r}")
+    shown = set_writer(tab, figure_id, "And", 0.8, "-3", "1,0")
+    if "seed" not in shown["message"]:
+        problems.append(f"bad seed: {shown['message']!r}")
+    return problems

@@ -256,19 +256,23 @@ def test_the_live_figures_of_the_book_agree_with_python(browser):
                 found = live_driver.check_pointer(tab, fid, data, [
                     (0, "animal", "street", "tired"), (1, "animal", "street", "wide"), (0, "fox", "canal", "icy"),
                     (1, "wolf", "hill", "sleepy"), (0, "duck", "yard", "muddy")])
+            elif kind == "writer":
+                found = live_driver.check_writer(tab, fid, data, [
+                    ("And God said", 0.8, 1, (1, 0)), ("Jesus wept.\n", 0.0, 0, (0, 2)),
+                    ("Blessed are the poor in spirit", 1.5, 123, (1, 3)), ("Amen", 0.5, 4294967295, (0, 0))])
             else:
                 letters = data["letters"]
                 rng = np.random.default_rng(3)
                 pattern = "".join(rng.choice(list(letters), 9))
                 found = live_driver.check_induction(tab, fid, data, [pattern * 2, "abcabc", letters[:16] * 2])
             problems += [f"{page.name} {kind}: {p}" for p in found]
-        wide = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select")]
+        wide = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select, .attn-live textarea")]
             .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
             .map(e => e.className)""", await_promise=False)
         problems += [f"{page.name}: a control wider than the phone: {w}" for w in wide]
         problems += [f"{page.name}: console: {e}" for e in tab.console_errors()]
         tab.close()
-    assert kinds == {"typed-scores", "pick-query", "pointer", "induction"}
+    assert kinds == {"typed-scores", "pick-query", "pointer", "induction", "writer"}
     assert problems == []
 
 
@@ -313,3 +317,9 @@ def test_exercise_and_equation_numbers_of_the_reader_edition_are_the_books():
         smart = str.maketrans({"\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "--"})
         assert [(n, html.unescape(t).translate(smart)) for n, t in built_exercises] == mine, page.name
         assert built_equations == re.findall(r"\\tag\{(\d+)\}", markdown), page.name
+
+
+def test_the_page_of_the_gpt_that_writes_stays_under_one_and_a_half_megabytes():
+    """Its live figure carries the model's weights (base64 float32): the page must stay light to load."""
+    page = next(p for p in BOOK_PAGES if p.name.startswith("10_"))
+    assert page.stat().st_size < 1_500_000, f"{page.name}: {page.stat().st_size:,} bytes"

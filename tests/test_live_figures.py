@@ -166,7 +166,7 @@ def test_the_decoder_in_the_browser_agrees_with_python_on_held_out_sequences(pag
 @needs_chromium
 def test_the_controls_are_labelled_and_reachable_by_keyboard(page):
     tab, _ = page
-    unlabelled = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select")]
+    unlabelled = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select, .attn-live textarea")]
         .filter(e => !e.closest("label") || e.tabIndex < 0).length""", await_promise=False)
     assert unlabelled == 0
     too_wide = tab.evaluate("""[...document.querySelectorAll(".attn-live")]
@@ -206,7 +206,79 @@ def test_the_model_figures_name_a_wrong_model_or_alphabet(small_model, small_poi
 @needs_chromium
 def test_every_control_fits_a_phone_screen(page):
     tab, _ = page
-    wide = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select")]
+    wide = tab.evaluate("""[...document.querySelectorAll(".attn-live input, .attn-live select, .attn-live textarea")]
         .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
         .map(e => e.className + " " + Math.round(e.getBoundingClientRect().width))""", await_promise=False)
     assert wide == []
+
+
+# -- the GPT that writes (chapter 10) ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpt_seed_0():
+    from attnlib.learn import gpt
+
+    model, tokenizer, _ = gpt.load(gpt.stored_seeds()[0])
+    return model, tokenizer.vocab
+
+
+def writer_cases():
+    """Prompts from the held-out text and typed by hand, each temperature, several seeds and heads."""
+    from attnlib.learn import gpt
+
+    held_out = gpt.text_split()[1]
+    starts = (1000, 50_000, 200_000)
+    prompts = [held_out[s:s + n] for s, n in zip(starts, (40, 64, 7))] + ["And God said", "Jesus wept.\n"]
+    temperatures = (0.0, 0.5, 0.8, 1.0, 1.5)
+    return [(p, temperatures[i % 5], 17 * i, (i % 2, i % 4)) for i, p in enumerate(prompts)]
+
+
+def test_the_writers_python_twin_writes_what_attnlib_sampling_writes(gpt_seed_0):
+    from attnlib import live_writer, sampling
+
+    model, vocab = gpt_seed_0
+    data = dict(live_writer.export_writer(model, vocab), n_new=60)
+    for prompt, temperature, seed, _ in writer_cases():
+        ids = torch.tensor([[vocab.index(c) for c in prompt]])
+        want = sampling.generate(model, ids, 60, temperature=temperature, seed=seed, window=live_writer.WINDOW)
+        state = live_writer.writer_state(data, prompt, temperature, seed, 60)
+        assert state["tokens"] == want[0].tolist(), (prompt, temperature, seed)
+
+
+@pytest.mark.parametrize("prompt, words", [("café", "not in the model's alphabet: “é”"),
+                                           ("", "at least one"), ("a" * 65, "at most 64")])
+def test_the_writer_names_a_bad_prompt(gpt_seed_0, prompt, words):
+    from attnlib import live_writer
+
+    with pytest.raises(ValueError, match=words):
+        live_writer.parse_prompt(prompt, gpt_seed_0[1])
+
+
+def test_the_writer_figure_is_small_self_contained_and_deterministic(gpt_seed_0):
+    from attnlib import live_writer
+
+    first, second = (live_writer.writer_live(*gpt_seed_0, n_new=40) for _ in range(2))
+    assert first.html == second.html
+    assert len(first.html) < 1_000_000
+    assert not re.search(r"\bsrc=|href=|https?://", first.html)
+    with pytest.raises(ValueError, match="temperature must be one of"):
+        live_writer.writer_live(*gpt_seed_0, temperature=0.7)
+    with pytest.raises(ValueError, match="head must be"):
+        live_writer.writer_live(*gpt_seed_0, head=(2, 0))
+
+
+@needs_chromium
+def test_the_writer_in_the_browser_writes_what_python_writes(tmp_path, gpt_seed_0):
+    from attnlib import live_writer
+
+    figure = live_writer.writer_live(*gpt_seed_0, n_new=60)
+    path = tmp_path / "writer.html"
+    path.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body>" + figure.html
+                    + "</body></html>", encoding="utf-8")
+    with Chromium() as browser:
+        tab = browser.open_page(path.as_uri(), 390, 844)
+        data = next(f["data"] for f in tab.evaluate(live_driver.FIGURES_JS, await_promise=False)
+                    if f["id"] == figure.id)
+        assert live_driver.check_writer(tab, figure.id, data, writer_cases()) == []
+        assert tab.console_errors() == []
+        tab.close()
