@@ -8,6 +8,7 @@ equation labels, directive options and targets. The chapters in book/ are full o
 solution collapsed and every exercise still answerable.
 """
 
+import ast
 import json
 import re
 
@@ -155,6 +156,10 @@ def test_code_cells_and_outputs_are_the_chapters_own(path):
     assert len(reader) > 0
     for cell in reader:
         original = by_id[cell.id]
+        removed = "remove-cell" in original.metadata.get("tags", []) and cell.id != reader_edition.SETUP_CELL_ID
+        if removed:  # kept for a name a later cell reads: no output, no glue or assert
+            original = nbformat.v4.new_code_cell(reader_edition._without_bookkeeping(original.source),
+                                                 metadata=original.metadata)
         assert cell.outputs == original.outputs
         hidden = set(original.metadata.get("tags", [])) & reader_edition.HIDDEN_TAGS
         assert bool(cell.metadata.get("jupyter", {}).get("source_hidden")) == bool(hidden)
@@ -295,3 +300,50 @@ def test_admonitions_become_quotes_under_their_title_and_may_collapse():
     assert out.startswith("<details>\n<summary><b>The rule</b></summary>") and "Body." in out
     for html in (render(out), render(converter.markdown("```{note}\nN.\n```"))):
         assert not any(p.findall(html) for p in LEAKS.values())
+
+
+# -- what the edition gives a reader: only what the book shows ----------------------------------
+
+def _edition_cells():
+    for path in sorted(READER.glob("*.ipynb")):
+        yield from ((path, cell) for cell in read(path).cells)
+
+
+def test_every_relative_link_in_the_edition_resolves():
+    broken = []
+    for path, cell in _edition_cells():
+        if cell.cell_type != "markdown":
+            continue
+        for target in re.findall(r"\]\(([^)\s]+)\)", cell.source):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (READER / target.split("#")[0]).exists():
+                broken.append(f"{path.name}: {target}")
+    assert broken == []
+
+
+def test_cells_the_book_removes_are_gone_unless_a_later_cell_needs_them():
+    """A removed cell stays only for a name a later cell reads, without its glue calls and asserts."""
+    for path in sorted(READER.glob("*.ipynb")):
+        cells = [c for c in read(path).cells if c.cell_type == "code"]
+        for i, cell in enumerate(cells):
+            if "remove-cell" not in cell.metadata.get("tags", []) or cell.get("id") == reader_edition.SETUP_CELL_ID:
+                continue
+            source = "\n".join(line for line in cell.source.split("\n") if not line.startswith("#@title"))
+            tree = ast.parse(source)
+            assert not any(reader_edition._is_bookkeeping(node) for node in ast.walk(tree)
+                           if isinstance(node, ast.stmt)), f"{path.name}: {source[:80]}"
+            later = set().union(*(reader_edition._loaded(c.source) for c in cells[i + 1:]))
+            assert reader_edition._assigned(source) & later, f"{path.name}: kept for nothing: {source[:80]}"
+
+
+def test_dropping_removed_cells_keeps_what_a_later_cell_reads():
+    cells = [nbformat.v4.new_code_cell("from myst_nb import glue\nx = 3\nglue('x', x)\nassert x > 0",
+                                       metadata={"tags": ["remove-cell"]}),
+             nbformat.v4.new_code_cell("glue('y', 4)\nassert True", metadata={"tags": ["remove-cell"]}),
+             nbformat.v4.new_code_cell("for i in range(2):\n    glue(f'z{i}', i)\nw = 1",
+                                       metadata={"tags": ["remove-cell"]}),
+             nbformat.v4.new_code_cell("print(x + w)")]
+    kept = reader_edition.drop_removed_cells(cells)
+    assert [c.source for c in kept] == ["from myst_nb import glue\nx = 3",
+                                        "for i in range(2):\n    pass\nw = 1", "print(x + w)"]

@@ -247,6 +247,7 @@ class Converter:
             lines[start:end] = new.split("\n") if new is not None else []
         out = TARGET.sub("", "\n".join(lines))
         out = self.roles(out)
+        out = PAGE_LINK.sub(lambda m: f"]({published_book()}book/{m[1]}.html{m[2] or ''})", out)
         return re.sub(r"\n{3,}", "\n\n", out).strip("\n")
 
     def directive(self, name, argument, content, gates):
@@ -292,9 +293,6 @@ class Converter:
                     solution["names"] |= _assigned(cell.source) if cell.cell_type == "code" else set()
                     continue
                 cell = copy.deepcopy(cell)
-                tags = set(cell.metadata.get("tags", []))
-                if cell.cell_type == "code" and tags & HIDDEN_TAGS:
-                    fold(cell)
                 cells.append(cell)
                 continue
             gates = []
@@ -326,6 +324,10 @@ class Converter:
                     solution = None
         if solution is not None:
             raise ValueError(f"{source_path.name}: a solution is never closed")
+        cells = drop_removed_cells(cells)
+        for cell in cells:
+            if cell.cell_type == "code" and set(cell.metadata.get("tags", [])) & HIDDEN_TAGS:
+                fold(cell)
         _unique_ids(cells)
         if self.cited:
             lines = "\n".join(f"- {self.bibliography.reference(key)}" for key in self.cited)
@@ -335,6 +337,70 @@ class Converter:
         path = Path(source_path).resolve()
         out.metadata[SOURCE_KEY] = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
         return out
+
+
+# A link to a page of the book that is not a notebook (further_reading.md): the edition holds
+# notebooks only, so the link goes to that page of the published book.
+PAGE_LINK = re.compile(r"\]\(([\w-]+)\.md(#[\w-]+)?\)")
+
+
+def published_book():
+    """The published book's address, from _config.yml's repository (GitHub Pages of it)."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    owner, name = url.split("/")[-2:]
+    return f"https://{owner}.github.io/{name}/"
+
+
+SETUP_CELL_ID = "colab-setup"  # the first code cell, which installs attnlib in Colab
+
+
+def _is_bookkeeping(node):
+    """A top-level statement the book runs only for itself: ``glue(...)`` or an ``assert``."""
+    if isinstance(node, ast.Assert):
+        return True
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name) and node.value.func.id == "glue")
+
+
+def _without_bookkeeping(source):
+    """``source`` without its top-level glue calls and asserts (unparseable source unchanged)."""
+    tree = _code(source)
+    if tree is None:
+        return source
+    lines = source.split("\n")
+    drop, replace = set(), {}
+    blocks = [tree.body] + [getattr(node, field) for node in ast.walk(tree)
+                            for field in ("body", "orelse", "finalbody")
+                            if node is not tree and isinstance(getattr(node, field, None), list)]
+    for block in blocks:
+        gone = [node for node in block if isinstance(node, ast.stmt) and _is_bookkeeping(node)]
+        for node in gone:
+            drop |= set(range(node.lineno - 1, node.end_lineno))
+        if gone and len(gone) == len(block) and block is not tree.body:  # a block left empty
+            first = gone[0]
+            replace[first.lineno - 1] = " " * first.col_offset + "pass"
+    kept = [replace.get(i, line) for i, line in enumerate(lines) if i not in drop or i in replace]
+    return "\n".join(kept).strip("\n")
+
+
+def drop_removed_cells(cells):
+    """Give the reader only what the book shows: a cell the book removes (``remove-cell``) loses
+    its glue calls and asserts, and goes altogether unless a later cell kept here reads a name it
+    defines (or it is the Colab set-up cell). Its outputs (glue records) go too."""
+    needed, out = set(), []
+    for cell in reversed(cells):
+        removed = cell.cell_type == "code" and "remove-cell" in cell.metadata.get("tags", []) \
+            and cell.get("id") != SETUP_CELL_ID
+        if removed:
+            source = _without_bookkeeping(cell.source)
+            meaningful = [line for line in source.split("\n") if line.strip() and not line.strip().startswith("#")]
+            if not meaningful or not (_assigned(source) & needed):
+                continue
+            cell.source, cell.outputs, cell.execution_count = source, [], None
+        if cell.cell_type == "code":
+            needed = (needed - _assigned(cell.source)) | _loaded(cell.source)
+        out.append(cell)
+    return out[::-1]
 
 
 def fold(cell):
