@@ -117,3 +117,21 @@ def test_time_plots_draw_interquartile_bars_and_mark_flagged_rows():
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "flagged (noisy, or no\nslower than a shorter T)" in legend
     plt.close(fig)
+
+
+def test_the_bench_plot_crosses_flagged_rows_in_both_panels_titles_both_and_keeps_legends_off_the_lines():
+    import matplotlib.pyplot as plt
+
+    rows = [dict(_row("numpy", 128, 1.0, 0.99, 1.01), peak_extra_bytes=1000),
+            dict(_row("numpy", 256, 4.0, 3.0, 5.0), peak_extra_bytes=4000)]
+    report.flag_rows(rows)
+    assert rows[1]["flag"]  # the noisy one
+    fig = plots.plot_time_and_memory(rows, "test")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_title(), "every panel has a title"
+        crosses = [line for line in ax.lines if line.get_marker() == "x" and len(line.get_xdata())]
+        assert [list(line.get_xdata()) for line in crosses] == [[256]], ax.get_title()
+        legend, panel = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert legend.y1 <= panel.y0, "the legend sits below the panel, over no line"
+    plt.close(fig)

@@ -284,8 +284,9 @@ def save_plot(rows, stamp, path):
     for (ax_time, ax_memory), ((B, H, d, dtype, direction, causal), group) in zip(axes, groups.items()):
         plots.plot_against_t(ax_time, group, "time_ms")
         plots.plot_against_t(ax_memory, group, "peak_extra_bytes")
-        ax_time.set_title(f"B={B} H={H} d={d} {dtype} {direction}{' causal' if causal else ''}",
-                          fontsize=9)
+        shape = f"B={B} H={H} d={d} {dtype} {direction}{' causal' if causal else ''}"
+        ax_time.set_title(f"time per call, {shape}", fontsize=9)
+        ax_memory.set_title(f"peak extra memory, {shape}", fontsize=9)
     fig.suptitle(plots.describe(stamp), fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -62,7 +62,8 @@ def plot_against_t(ax, rows, column, *, kernels=None):
     ax.grid(True, which="major", alpha=0.3)
     if any(r.get("flag") for r in rows):
         ax.plot([], [], "x", color="black", label="flagged (noisy, or no\nslower than a shorter T)")
-    ax.legend(fontsize=8)
+    # below the panel, so that it never hides a line
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     return ax
 
 
@@ -73,6 +74,8 @@ def plot_time_and_memory(rows, title):
     fig, (ax_time, ax_memory) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     plot_against_t(ax_time, rows, "time_ms")
     plot_against_t(ax_memory, rows, "peak_extra_bytes")
+    ax_time.set_title("time per call", fontsize=10)
+    ax_memory.set_title("peak extra memory", fontsize=10)
     fig.suptitle(title, fontsize=10)
     return fig
 
