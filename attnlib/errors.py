@@ -32,3 +32,7 @@ class DeviceError(TypeError):
 
 class SequenceTooLongError(ValueError):
     """A sequence longer than the ``max_seq_len`` a module was built for."""
+
+
+class CacheFullError(ValueError):
+    """An update that would take a :class:`attnlib.KVCache` past its ``max_len``."""

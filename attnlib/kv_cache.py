@@ -18,11 +18,7 @@ the last key).
 import numpy as np
 
 from .arrays import array_kind, as_array, is_tensor, torch_module
-from .errors import DTypeError, ShapeError
-
-
-class CacheFullError(ValueError):
-    """An update that would take a :class:`KVCache` past its ``max_len``."""
+from .errors import CacheFullError, DTypeError, ShapeError  # noqa: F401 (CacheFullError: raised here)
 
 
 def _positive_int(name, value, allow_none=False):
@@ -37,7 +33,13 @@ def _positive_int(name, value, allow_none=False):
 def itemsize(dtype):
     """Bytes per number of ``dtype``: a name ("float16", "bfloat16"), a NumPy dtype or a torch dtype."""
     if is_tensor_dtype(dtype):
+        if not dtype.is_floating_point:
+            raise DTypeError(f"dtype must be a floating-point type (the keys and values are floats), "
+                             f"got {dtype!r}")
         return dtype.itemsize
+    if dtype is None:
+        raise DTypeError("dtype must name a floating-point type such as 'float16' or torch.bfloat16, "
+                         "got None")
     if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
         return 2
     try:

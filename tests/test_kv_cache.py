@@ -180,3 +180,25 @@ def test_an_update_of_another_kind_or_dtype_is_refused():
 def test_bad_cache_settings_are_refused(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         KVCache(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["int8", np.int32, None, "torch.int8", "torch.bool", "torch.complex64"])
+def test_kv_cache_bytes_refuses_a_dtype_that_is_not_floating_point(dtype):
+    import torch
+
+    from attnlib.errors import DTypeError
+
+    if isinstance(dtype, str) and dtype.startswith("torch."):
+        dtype = getattr(torch, dtype.removeprefix("torch."))
+    with pytest.raises(DTypeError, match="floating-point"):
+        attnlib.kv_cache_bytes(2, 4, 16, dtype)
+
+
+def test_cache_full_error_is_with_the_other_errors():
+    from attnlib import errors, kv_cache
+
+    assert errors.CacheFullError is kv_cache.CacheFullError
+    cache = attnlib.KVCache(max_len=2)
+    cache.update(np.zeros((1, 2, 4)), np.zeros((1, 2, 4)))
+    with pytest.raises(errors.CacheFullError):
+        cache.update(np.zeros((1, 1, 4)), np.zeros((1, 1, 4)))
