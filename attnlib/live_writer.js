@@ -177,6 +177,15 @@
     return {tokens: tokens, logits: lastLogits, maps: lastMaps};
   };
 
+  // attnlib.live_writer.name_char: in quotes, or by code point when it cannot be seen
+  W.nameChar = function (c) {
+    if (/^[\p{C}\p{Z}]$/u.test(c)) {
+      var hex = c.codePointAt(0).toString(16).toUpperCase();
+      return "the invisible U+" + "0000".slice(hex.length) + hex;
+    }
+    return "\u201c" + c + "\u201d";
+  };
+
   var colour = function (x) {
     var r = Math.round(255 - 222 * x), g = Math.round(255 - 153 * x), b = Math.round(255 - 75 * x);
     return "rgb(" + r + "," + g + "," + b + ")";
@@ -195,13 +204,13 @@
     var temperature = root.querySelector("select.attn-live-temperature"), head = root.querySelector("select.attn-live-head");
     var message = root.querySelector(".attn-live-message");
     var update = function () {
-      var text = prompt.value, ids = [], unknown = [];
+      var text = Array.from(prompt.value), ids = [], unknown = [];  // by code point, as Python: an emoji is one
       for (var i = 0; i < text.length; i++) {
         var t = data.vocab.indexOf(text[i]);
         if (t < 0) { if (unknown.indexOf(text[i]) < 0) unknown.push(text[i]); } else ids.push(t);
       }
       var error = "";
-      if (unknown.length) error = "not in the model's alphabet: " + unknown.map(function (c) { return "\u201c" + c + "\u201d"; }).join(", ") + " (it knows letters, space, newline and ! ' ( ) , - . : ; ?)";
+      if (unknown.length) error = "not in the model's alphabet: " + unknown.map(W.nameChar).join(", ") + " (" + data.knows + ")";
       else if (ids.length < 1) error = "type at least one character";
       else if (ids.length > m.window) error = "at most " + m.window + " characters (got " + ids.length + ")";
       var s = Number(seed.value);

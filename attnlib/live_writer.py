@@ -18,6 +18,8 @@ import hashlib
 import html
 import json
 import math
+import string
+import unicodedata
 from importlib import resources
 
 import numpy as np
@@ -29,6 +31,7 @@ from .sampling import Uniform, sample_next
 SCRIPT = resources.files(__package__).joinpath("live_writer.js").read_text(encoding="utf-8").rstrip("\n")
 WINDOW = 64  # positions each layer's cache keeps: the context the model was trained on
 TEMPERATURES = (0.0, 0.5, 0.8, 1.0, 1.5)
+MAX_NEW = 1000  # characters the page writes at most at each keystroke
 
 
 def _arrays(model):
@@ -58,7 +61,8 @@ def export_writer(model, vocab):
     blob = b"".join(a.tobytes() for _, a in arrays)
     config = {"d_model": int(model.embedding.shape[1]), "n_heads": model.blocks[0].attention.n_heads,
               "n_layers": len(model.blocks), "eps": model.norm.eps, "rope_base": 10000.0, "window": WINDOW}
-    return {"config": config, "vocab": list(vocab), "manifest": [[n, list(a.shape)] for n, a in arrays],
+    return {"config": config, "vocab": list(vocab), "knows": describe_alphabet(vocab),
+            "manifest": [[n, list(a.shape)] for n, a in arrays],
             "weights": base64.b64encode(blob).decode("ascii")}
 
 
@@ -123,12 +127,35 @@ def step(config, w, caches, token, position):
     return logits, maps
 
 
+def describe_alphabet(vocab):
+    """The model's alphabet in words, for the message a bad prompt gets: "it knows the letters a-z and
+    A-Z but “X”, space, newline and ! ' ( ) , - . : ; ?" (the letters it lacks named)."""
+    letters = string.ascii_lowercase + string.ascii_uppercase
+    missing = [c for c in letters if c not in vocab]
+    few = len(missing) <= 5  # the letters but a few: name the few; else list the letters it has
+    but = " but " + ", ".join(map(name_char, missing)) if missing else ""
+    words = ["the letters a-z and A-Z" + but] * few
+    words += [word for c, word in ((" ", "space"), ("\n", "newline")) if c in vocab]
+    others = [c for c in vocab if (c not in letters or not few) and c not in " \n"]
+    if others:
+        words.append(" ".join(others))
+    return "it knows " + (", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0])
+
+
+def name_char(c):
+    """One character as a message names it: in quotes, or by its code point when it cannot be seen
+    (a tab, a no-break space, a control character): live_writer.js's nameChar."""
+    if unicodedata.category(c)[0] in "CZ":
+        return f"the invisible U+{ord(c):04X}"
+    return f"\u201c{c}\u201d"
+
+
 def parse_prompt(text, vocab, window=WINDOW):
     """The reader's prompt -> token ids, or ValueError with the message the page shows."""
     unknown = sorted(set(text) - set(vocab), key=text.index)
     if unknown:
-        raise ValueError("not in the model's alphabet: " + ", ".join(f"\u201c{c}\u201d" for c in unknown)
-                         + " (it knows letters, space, newline and ! ' ( ) , - . : ; ?)")
+        raise ValueError("not in the model's alphabet: " + ", ".join(map(name_char, unknown))
+                         + f" ({describe_alphabet(vocab)})")
     if not text:
         raise ValueError("type at least one character")
     if len(text) > window:
@@ -162,6 +189,9 @@ def writer_state(data, prompt, temperature, seed, n_new):
 
 def writer_live(model, vocab, prompt="And God said", *, temperature=0.8, seed=1, n_new=200, head=(1, 0)):
     """Type a prompt, pick a temperature, a seed and a head: the trained GPT writes on, in the page."""
+    if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or not 1 <= n_new <= MAX_NEW:
+        raise ValueError(f"n_new must be an int in 1 ... {MAX_NEW}, got {n_new!r}")
+    Uniform(seed)  # the seed's checks, at every temperature: the page refuses a bad seed even when greedy
     data = dict(export_writer(model, vocab), n_new=int(n_new))
     config = data["config"]
     if float(temperature) not in TEMPERATURES:
@@ -201,7 +231,7 @@ def writer_live(model, vocab, prompt="And God said", *, temperature=0.8, seed=1,
         ax.set_title(f"layer {layer}, head {h}, from the last position", fontsize=10)
         return fig
 
-    summary = f"{prompt}|{state['text']}"
+    summary = f"{prompt}|{state['text']}".replace("\n", "\u21b5")  # one line: a newline shows as \u21b5
     figure = LiveFigure("writer", "Type a prompt: the trained GPT writes on, live", controls, body,
                         data, draw, summary)
     # this figure runs its own script (live_writer.js), not live.js's starters

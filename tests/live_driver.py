@@ -199,3 +199,20 @@ def check_writer(tab, figure_id, data, cases):
     if "seed" not in shown["message"]:
         problems.append(f"bad seed: {shown['message']!r}")
     return problems
+
+
+def check_writer_messages(tab, figure_id, data, prompts):
+    """Each bad prompt: the page shows exactly the message Python's parse_prompt raises."""
+    from attnlib import live_writer
+
+    problems = []
+    for prompt in prompts:
+        try:
+            live_writer.parse_prompt(prompt, data["vocab"], data["config"]["window"])
+            want = ""
+        except ValueError as error:
+            want = str(error)
+        shown = set_writer(tab, figure_id, prompt, 0.8, 1, "1,0")
+        if shown["message"] != want or shown["invalid"] != bool(want):
+            problems.append(f"{prompt!r}: page {shown['message']!r}, Python {want!r}")
+    return problems

@@ -254,6 +254,38 @@ def test_the_writer_names_a_bad_prompt(gpt_seed_0, prompt, words):
         live_writer.parse_prompt(prompt, gpt_seed_0[1])
 
 
+BAD_PROMPTS = ("Xerxes", "Psalm 23:1", "Zo\U0001F600 and \U0001F600", "it\u2019s", "a\u00a0b\tc", "caf\u00e9",
+               "", "a" * 65)
+
+
+def test_the_writer_names_the_characters_it_lacks_and_what_it_knows(gpt_seed_0):
+    """The alphabet of the stored model lacks "X" (the text has none): the message says so, names an emoji
+    as one character and an invisible one by its code point."""
+    from attnlib import live_writer
+
+    vocab = gpt_seed_0[1]
+    assert "X" not in vocab and "x" in vocab
+    knows = "it knows the letters a-z and A-Z but \u201cX\u201d, space, newline and ! ' ( ) , - . : ; ?"
+    assert live_writer.describe_alphabet(vocab) == knows
+    assert live_writer.describe_alphabet(list("ab c")) == "it knows space and a b c"
+    with pytest.raises(ValueError) as error:
+        live_writer.parse_prompt(BAD_PROMPTS[2], vocab)
+    assert str(error.value) == f"not in the model's alphabet: \u201c\U0001F600\u201d ({knows})"
+    with pytest.raises(ValueError, match="the invisible U\\+00A0, the invisible U\\+0009 "):
+        live_writer.parse_prompt(BAD_PROMPTS[4], vocab)
+
+
+@pytest.mark.parametrize("options, words", [({"n_new": 0}, "n_new must be an int in 1"),
+                                            ({"n_new": 2.5}, "n_new must be an int"),
+                                            ({"seed": -1, "temperature": 0.0}, "seed must be an int"),
+                                            ({"seed": 2**32}, "seed must be an int")])
+def test_the_writer_figure_names_a_bad_option(gpt_seed_0, options, words):
+    from attnlib import live_writer
+
+    with pytest.raises(ValueError, match=words):
+        live_writer.writer_live(*gpt_seed_0, **options)
+
+
 def test_the_writer_figure_is_small_self_contained_and_deterministic(gpt_seed_0):
     from attnlib import live_writer
 
@@ -280,5 +312,6 @@ def test_the_writer_in_the_browser_writes_what_python_writes(tmp_path, gpt_seed_
         data = next(f["data"] for f in tab.evaluate(live_driver.FIGURES_JS, await_promise=False)
                     if f["id"] == figure.id)
         assert live_driver.check_writer(tab, figure.id, data, writer_cases()) == []
+        assert live_driver.check_writer_messages(tab, figure.id, data, BAD_PROMPTS + ("And God said",)) == []
         assert tab.console_errors() == []
         tab.close()
