@@ -245,6 +245,26 @@ def test_the_writers_python_twin_writes_what_attnlib_sampling_writes(gpt_seed_0)
         assert state["tokens"] == want[0].tolist(), (prompt, temperature, seed)
 
 
+def test_the_writers_python_twin_computes_the_models_windowed_logits(gpt_seed_0):
+    """Same text is a weak check of the window (a 65-position cache writes the same greedy text): the
+    twin's last logits equal the float32 model's over the whole text with a 64-position window, to 1e-4,
+    and those of a 65-position window differ by far more."""
+    from attnlib import live_writer
+    from attnlib.decoding import forward_step
+
+    model, vocab = gpt_seed_0
+    data = dict(live_writer.export_writer(model, vocab), n_new=60)
+    for prompt, temperature, seed, _ in writer_cases():
+        state = live_writer.writer_state(data, prompt, temperature, seed, 60)
+        seen = torch.tensor([state["tokens"][:-1]])  # the last logits are computed over all but the last
+        with torch.no_grad():
+            logits = {w: forward_step(model, seen, torch.arange(seen.shape[1]), window=w)[0, -1].double().numpy()
+                      for w in (live_writer.WINDOW, live_writer.WINDOW + 1)}
+        assert np.abs(state["logits"] - logits[live_writer.WINDOW]).max() < 1e-4, (prompt, temperature)
+        if seen.shape[1] > live_writer.WINDOW:
+            assert np.abs(state["logits"] - logits[live_writer.WINDOW + 1]).max() > 1e-3, (prompt, temperature)
+
+
 @pytest.mark.parametrize("prompt, words", [("café", "not in the model's alphabet: “é”"),
                                            ("", "at least one"), ("a" * 65, "at most 64")])
 def test_the_writer_names_a_bad_prompt(gpt_seed_0, prompt, words):
