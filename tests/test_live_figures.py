@@ -257,12 +257,14 @@ def test_the_writers_python_twin_computes_the_models_windowed_logits(gpt_seed_0)
     for prompt, temperature, seed, _ in writer_cases():
         state = live_writer.writer_state(data, prompt, temperature, seed, 60)
         seen = torch.tensor([state["tokens"][:-1]])  # the last logits are computed over all but the last
+        positions, w = torch.arange(seen.shape[1]), live_writer.WINDOW
         with torch.no_grad():
-            logits = {w: forward_step(model, seen, torch.arange(seen.shape[1]), window=w)[0, -1].double().numpy()
-                      for w in (live_writer.WINDOW, live_writer.WINDOW + 1)}
-        assert np.abs(state["logits"] - logits[live_writer.WINDOW]).max() < 1e-4, (prompt, temperature)
-        if seen.shape[1] > live_writer.WINDOW:
-            assert np.abs(state["logits"] - logits[live_writer.WINDOW + 1]).max() > 1e-3, (prompt, temperature)
+            model_logits = {n: forward_step(model, seen, positions, window=n)[0, -1].double().numpy()
+                            for n in (w, w + 1)}
+        gap = {n: np.abs(state["logits"] - model_logits[n]).max() for n in (w, w + 1)}
+        assert gap[w] < 1e-4, (prompt, temperature, gap)
+        if seen.shape[1] > w:
+            assert gap[w + 1] > 1e-3, (prompt, temperature, gap)
 
 
 @pytest.mark.parametrize("prompt, words", [("café", "not in the model's alphabet: “é”"),
