@@ -219,16 +219,28 @@ def writer_live(model, vocab, prompt="And God said", *, temperature=0.8, seed=1,
             'word-break:break-all">(the page shades the characters here)</div>')
 
     def draw():
+        import textwrap
+
         import matplotlib.pyplot as plt
 
         layer, h = head
-        weights = state["maps"][layer][h]
-        seen = state["tokens"][:-1][-len(weights):]
-        fig, ax = plt.subplots(figsize=(9, 2.2), constrained_layout=True)
-        ax.bar(range(len(weights)), weights, color="C0")
-        ax.set_xticks(range(len(weights)), [repr(vocab[t])[1:-1] for t in seen], fontsize=7)
-        ax.set_ylabel("weight")
-        ax.set_title(f"layer {layer}, head {h}, from the last position", fontsize=10)
+        weights = np.asarray(state["maps"][layer][h])
+        seen = state["tokens"][:-1][-len(weights):]  # the characters the last position looked at
+        shown = lambda text: text.replace("\n", "\u21b5")  # noqa: E731
+        lines = textwrap.wrap(shown(prompt) + " \u2192 " + shown(state["text"]), 96, drop_whitespace=False)
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 1.1 + 0.2 * len(lines)), constrained_layout=True,
+                                          gridspec_kw={"height_ratios": [0.2 * len(lines) + 0.2, 0.5]})
+        top.axis("off")
+        top.text(0, 1, "\n".join(lines), family="monospace", fontsize=8, va="top")
+        top.set_title(f"the model writes on \u201c{shown(prompt)}\u201d (temperature {float(temperature):g}, "
+                      f"seed {int(seed)})", fontsize=10, loc="left")
+        bottom.imshow(weights[None, :] / weights.max(), cmap="Blues", vmin=0, vmax=1.6, aspect="auto")
+        for j, t in enumerate(seen):
+            bottom.text(j, 0, shown(vocab[t]), ha="center", va="center", family="monospace", fontsize=7)
+        bottom.set_xticks([])
+        bottom.set_yticks([])
+        bottom.set_title(f"layer {layer}, head {h}: where the last position looks (darker: more weight)",
+                         fontsize=9, loc="left")
         return fig
 
     summary = f"{prompt}|{state['text']}".replace("\n", "\u21b5")  # one line: a newline shows as \u21b5

@@ -321,6 +321,24 @@ def test_the_writer_figure_is_small_self_contained_and_deterministic(gpt_seed_0)
         live_writer.writer_live(*gpt_seed_0, head=(2, 0))
 
 
+def test_the_writers_static_figure_shows_the_text_and_the_heads_weights(gpt_seed_0):
+    import matplotlib.pyplot as plt
+
+    from attnlib import live_writer
+
+    figure = live_writer.writer_live(*gpt_seed_0, "Jesus wept.\n", n_new=100, head=(0, 2))
+    data = dict(live_writer.export_writer(*gpt_seed_0), n_new=100)
+    state = live_writer.writer_state(data, "Jesus wept.\n", 0.8, 1, 100)
+    fig = figure.static_figure()
+    top, bottom = fig.axes
+    written = "".join(t.get_text() for t in top.texts).replace("\n", "")
+    assert state["text"].replace("\n", "\u21b5")[:60] in written
+    shaded = bottom.images[0].get_array()
+    assert np.allclose(shaded[0] * np.max(state["maps"][0][2]), state["maps"][0][2])
+    assert len(bottom.texts) == len(state["maps"][0][2]) == live_writer.WINDOW
+    plt.close(fig)
+
+
 @needs_chromium
 def test_the_writer_in_the_browser_writes_what_python_writes(tmp_path, gpt_seed_0):
     from attnlib import live_writer
