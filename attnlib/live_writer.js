@@ -81,7 +81,7 @@
     return out;
   };
 
-  // attnlib.live_writer.Writer.step: one new token at position pos through every block, its keys
+  // attnlib.live_writer.step: one new token at position pos through every block, its keys
   // and values appended to each block's cache (the last `window` kept); the logits and the maps
   W.step = function (m, w, caches, token, pos) {
     var d = m.d_model, H = m.n_heads, dh = d / H;
