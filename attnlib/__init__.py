@@ -13,6 +13,8 @@ The public API, each in a file of its own:
 - :func:`multi_head_attention` (``multi_head.py``)
 - :class:`SelfAttention` (``self_attention.py``)
 - :class:`KVCache`, :func:`kv_cache_bytes` (``kv_cache.py``); generation loops in :mod:`attnlib.decoding`
+- :func:`attention_with_kvcache` (``kvcache_attention.py``): batched, paged, split-KV decoding;
+  :class:`PagedKVCache` (``paged.py``); :mod:`attnlib.split_kv`
 - :func:`rope`, :func:`sinusoidal_positions` (``positions.py``)
 - :func:`device` (``device.py``)
 - :func:`unchecked`, skip the checks that read values (``validation.py``)
@@ -26,8 +28,10 @@ from .backward import attention_backward, backward_backends
 from .block_mask import BlockMask, block_mask
 from .device import device
 from .kv_cache import KVCache, kv_cache_bytes
+from .kvcache_attention import attention_with_kvcache
 from .masks import causal_mask
 from .multi_head import merge_heads, multi_head_attention, split_heads
+from .paged import PagedKVCache
 from .positions import rope, sinusoidal_positions
 from .projections import project_qkv
 from .scores import score_matrix
@@ -41,9 +45,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockMask",
     "KVCache",
+    "PagedKVCache",
     "SelfAttention",
     "attention",
     "attention_backward",
+    "attention_with_kvcache",
     "attention_weights",
     "backends",
     "backward_backends",
