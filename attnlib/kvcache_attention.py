@@ -13,7 +13,7 @@ kernel and a merge kernel, :mod:`attnlib.backends.triton_decode`). Forward only.
 
 import numpy as np
 
-from .arrays import array_kind, as_array, torch_module
+from .arrays import array_kind, as_array, is_tensor, torch_module
 from .errors import DTypeError, ShapeError
 from .masks import causal_alignment, check_window
 from .split_kv import choose_num_splits, decode_one_sequence
@@ -226,7 +226,7 @@ def _numpy_backend(args):
 def _torch_backend(args):
     torch = torch_module()
     q, k_cache, v_cache = args["q"], args["k_cache"], args["v_cache"]
-    if not hasattr(q, "device"):  # NumPy input on the torch backend
+    if not is_tensor(q):  # NumPy input on the torch backend
         q, k_cache, v_cache = (torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k_cache, v_cache))
         back = True
     else:
@@ -246,6 +246,9 @@ def _torch_backend(args):
         k = k_cache[pages].reshape(batch, n_pages * page_size, n_kv_heads, d)[:, :longest]
         v = v_cache[pages].reshape(batch, n_pages * page_size, n_kv_heads, -1)[:, :longest]
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    valid = (torch.arange(longest, device=device)[None, :] < seqlens[:, None])[:, :, None, None]  # (B, L, 1, 1)
+    k = torch.where(valid, k.to(compute), 0)  # positions past a sequence's length may hold anything
+    v = torch.where(valid, v.to(compute), 0)
     qg = q.to(compute).reshape(batch, n_new, n_kv_heads, group, d)
     key = torch.arange(longest, device=device)  # (L,)
     position = seqlens[:, None] - n_new + torch.arange(n_new, device=device)[None, :]  # (B, T_new)
