@@ -36,6 +36,7 @@ CHAPTERS = {
     11: "11_timing_on_gpu",
     12: "12_without_the_matrix",
     13: "13_backward_pass",
+    14: "14_many_sequences",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (
