@@ -868,3 +868,10 @@ def test_every_exercise_prints_its_waiting_message_within_the_code_column(capsys
         printed = capsys.readouterr().out
         assert result.status == "not solved" and "waiting for your answer" in printed
         assert max(len(line) for line in printed.splitlines()) <= 88, printed
+
+
+def test_chapter_10s_exercises_count_the_characters_the_model_knows():
+    from attnlib.exercises import ch10_writing
+    from attnlib.learn import gpt
+
+    assert ch10_writing.N_CHARACTERS == len(gpt.tokenizer().vocab)

@@ -473,8 +473,7 @@ head of layer 1 looks from the last character.
   its tail.
 - In every seed trained, a previous-character head forms and no induction head does.
 """),
-        md("## Exercises"),
-    ]
+        ]
 
 
 if __name__ == "__main__":

@@ -310,7 +310,6 @@ meant, and keep the default elsewhere.
   rest, and its time follows the tiles it computes.
 - `empty_rows="zero"` answers a query with no key as SDPA does, with zeros.
 """),
-    md("## Exercises"),
 ]
 
 

@@ -28,6 +28,10 @@ from .core import (
     stub_text,
 )
 
+# The characters the King James text uses, the model's vocabulary: corpus.ALPHABET less "X",
+# which the text never uses (tests/test_exercises.py checks this against the tokenizer).
+N_CHARACTERS = len(corpus.ALPHABET) - 1
+
 # --- A BPE merge by hand ---------------------------------------------------------------
 
 # A phrase of the King James Bible, chosen so that each typical mistake below picks a
@@ -251,7 +255,7 @@ perplexity = ValueExercise(
     },
     explanation=(
         f"$e^{{{LOSS}}} \\approx {_perplexity():.2f}$: predicting the next character is as uncertain "
-        f"as a fair choice among that many characters, against the {len(corpus.ALPHABET)} of the "
+        f"as a fair choice among that many characters, against the {N_CHARACTERS} of the "
         "text's alphabet. Whatever the base of the logarithm, the perplexity is the same: "
         "$2^{\\text{bits}} = e^{\\text{nats}}$."
     ),
@@ -296,8 +300,8 @@ bits_per_character = ValueExercise(
     },
     explanation=(
         "$\\log_2 p = \\ln p / \\ln 2$, so a loss in nats divided by $\\ln 2$ is in bits. A uniform "
-        f"guess over the {len(corpus.ALPHABET)} characters of the text's alphabet would cost "
-        f"$\\log_2 {len(corpus.ALPHABET)} = {math.log2(len(corpus.ALPHABET)):g}$ bits; the model "
+        f"guess over the {N_CHARACTERS} characters of the text's alphabet would cost "
+        f"$\\log_2 {N_CHARACTERS} = {math.log2(N_CHARACTERS):g}$ bits; the model "
         f"needs {_bits():.2f}."
     ),
 )
