@@ -132,7 +132,8 @@ def check_kvcache_arguments(q, k_cache, v_cache, cache_seqlens, block_table, cau
         if _dtype_kind(x, kind) != "f":
             raise DTypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
         if x.ndim != 4:
-            raise ShapeError(f"{name} must have 4 dimensions, got shape {_shape(x)}; expected q (B, T_new, H, d), "
+            raise ShapeError(f"{name} must have 4 dimensions, got shape {_shape(x)}; expected "
+                             "q (B, T_new, H, d), "
                              "k_cache/v_cache (B, T_max, H_kv, d) or paged (num_blocks, page_size, H_kv, d)")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise DTypeError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype} and "
@@ -182,10 +183,12 @@ def check_kvcache_arguments(q, k_cache, v_cache, cache_seqlens, block_table, cau
             bad = np.flatnonzero((used < 0) | (used >= n_blocks))
             if bad.size:
                 i = int(bad[0])
-                raise ValueError(f"block_table[{b}, {i}] = {used[i]} is not a page of the pool (0..{n_blocks - 1}, "
+                raise ValueError(f"block_table[{b}, {i}] = {used[i]} is not a page of the pool "
+                                 f"(0..{n_blocks - 1}, "
                                  f"k_cache {kshape}); sequence {b} has {n} keys, so it reads its first "
                                  f"{used.size} entries")
-    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)) or num_splits < 0:
+    if (isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer))
+            or num_splits < 0):
         raise ValueError(f"num_splits must be an int >= 0 (0: chosen from the shape), got {num_splits!r}")
     if num_splits == 0:
         num_splits = choose_num_splits(batch, n_kv_heads, int(seqlens.max()))
@@ -246,11 +249,11 @@ def _torch_backend(args):
         k = k_cache[pages].reshape(batch, n_pages * page_size, n_kv_heads, d)[:, :longest]
         v = v_cache[pages].reshape(batch, n_pages * page_size, n_kv_heads, -1)[:, :longest]
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    valid = (torch.arange(longest, device=device)[None, :] < seqlens[:, None])[:, :, None, None]  # (B, L, 1, 1)
+    key = torch.arange(longest, device=device)  # (L,)
+    valid = (key[None, :] < seqlens[:, None])[:, :, None, None]  # (B, L, 1, 1)
     k = torch.where(valid, k.to(compute), 0)  # positions past a sequence's length may hold anything
     v = torch.where(valid, v.to(compute), 0)
     qg = q.to(compute).reshape(batch, n_new, n_kv_heads, group, d)
-    key = torch.arange(longest, device=device)  # (L,)
     position = seqlens[:, None] - n_new + torch.arange(n_new, device=device)[None, :]  # (B, T_new)
     allowed = key[None, None, :] < seqlens[:, None, None]  # (B, T_new, L)
     if args["causal"]:

@@ -66,7 +66,8 @@ class PagedKVCache:
             try:
                 numpy_dtype = np.dtype(dtype)
             except TypeError:
-                raise DTypeError(f"dtype must be a torch dtype or a NumPy float dtype, got {dtype!r}") from None
+                raise DTypeError(f"dtype must be a torch dtype or a NumPy float dtype, "
+                                 f"got {dtype!r}") from None
             if numpy_dtype.kind != "f":
                 raise DTypeError(f"dtype must be a floating-point type, got {dtype!r}")
             self.k_cache = np.zeros(shape, dtype=numpy_dtype)
@@ -100,9 +101,11 @@ class PagedKVCache:
         try:
             hash(seq_id)
         except TypeError:
-            raise TypeError(f"seq_id must be hashable (an int or a str), got {type(seq_id).__name__}") from None
+            raise TypeError(f"seq_id must be hashable (an int or a str), "
+                            f"got {type(seq_id).__name__}") from None
         if seq_id in self._pages:
-            raise ValueError(f"sequence {seq_id!r} is already in the cache; release it first to start it again")
+            raise ValueError(f"sequence {seq_id!r} is already in the cache; release it first to start "
+                             "it again")
         self._pages[seq_id] = []
         self._lengths[seq_id] = 0
 
@@ -117,7 +120,7 @@ class PagedKVCache:
         return self.pages_needed(seq_id, n_new) <= len(self._free)
 
     def append(self, seq_id, k, v):
-        """Append the keys k and values v of sequence ``seq_id``'s new positions: (T_new, n_kv_heads, head_dim).
+        """Append sequence ``seq_id``'s new keys k and values v, each (T_new, n_kv_heads, head_dim).
 
         Takes pages from the free list as needed; raises :class:`CacheFullError` (and changes
         nothing) when it has too few.
@@ -162,7 +165,9 @@ class PagedKVCache:
         if x.ndim != 3 or tuple(x.shape[1:]) != expected or x.shape[0] < 1:
             raise ShapeError(f"{name} must have shape (T_new, n_kv_heads, head_dim) = (T_new, {expected[0]}, "
                              f"{expected[1]}) with T_new >= 1, got {tuple(x.shape)}")
-        return x.to(device=self.k_cache.device, dtype=self.dtype) if self.kind == "torch" else x.astype(self.dtype)
+        if self.kind == "torch":
+            return x.to(device=self.k_cache.device, dtype=self.dtype)
+        return x.astype(self.dtype)
 
     def release(self, seq_id):
         """Forget sequence ``seq_id`` and put its pages back on the free list (first to be reused)."""

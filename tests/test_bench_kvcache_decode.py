@@ -36,7 +36,8 @@ def test_the_dry_run_writes_every_variant_of_every_shape_checked_against_sdpa(tm
     for row in rows:
         assert row["status"] == "ok" and float(row["max_abs_error"]) < 1e-5, row
         assert int(row["cache_bytes"]) == 2 * int(row["batch"]) * int(row["context"]) * 2 * 16 * 4
-        assert float(row["gbps"]) == pytest.approx(int(row["cache_bytes"]) / float(row["time_ms"]) / 1e6, rel=1e-9)
+        gbps = int(row["cache_bytes"]) / float(row["time_ms"]) / 1e6
+        assert float(row["gbps"]) == pytest.approx(gbps, rel=1e-9)
         assert len(row["times_ms"].split()) == int(row["repeats"])
     stamp = json.loads((tmp_path / "decode.csv.stamp.json").read_text())
     assert stamp["copy_gbps"] > 0 and stamp["git_commit"]
@@ -44,9 +45,10 @@ def test_the_dry_run_writes_every_variant_of_every_shape_checked_against_sdpa(tm
 
 def test_the_gpu_preset_covers_the_issues_sweep():
     preset = kvcache_decode.PRESETS["decode"]
-    assert preset["batches"] == (1, 8, 64) and min(preset["contexts"]) == 1024 and max(preset["contexts"]) == 131072
-    assert (preset["n_heads"], preset["n_kv_heads"], preset["head_dim"], preset["dtypes"]) == (32, 8, 128,
-                                                                                                ("fp16", "bf16"))
+    assert preset["batches"] == (1, 8, 64)
+    assert min(preset["contexts"]) == 1024 and max(preset["contexts"]) == 131072
+    shape = (preset["n_heads"], preset["n_kv_heads"], preset["head_dim"], preset["dtypes"])
+    assert shape == (32, 8, 128, ("fp16", "bf16"))
     assert all(context % preset["page_size"] == 0 for context in preset["contexts"])
 
 

@@ -13,7 +13,9 @@ from attnlib.errors import CacheFullError, DTypeError, ShapeError
 
 
 def dense(q, k, v):
-    """Float64 attention of one sequence's last q.shape[0] tokens over its keys: q (T_new, H, d), k (n, H_kv, d)."""
+    """Float64 attention of one sequence's last q.shape[0] tokens over its keys.
+
+    q (T_new, H, d), k (n, H_kv, d), v (n, H_kv, d_v)."""
     group = q.shape[1] // k.shape[1]
     out = np.zeros(q.shape[:2] + v.shape[-1:])
     n, n_new = k.shape[0], q.shape[0]
@@ -163,7 +165,8 @@ def test_bad_use_is_named_and_changes_nothing():
         cache.add("x")
     with pytest.raises(TypeError, match="seq_id must be hashable"):
         cache.add(["x"])
-    with pytest.raises(ShapeError, match=r"k must have shape \(T_new, n_kv_heads, head_dim\) = \(T_new, 2, 4\)"):
+    with pytest.raises(ShapeError,
+                       match=r"k must have shape \(T_new, n_kv_heads, head_dim\) = \(T_new, 2, 4\)"):
         cache.append("x", np.zeros((1, 4, 2)), np.zeros((1, 2, 4)))
     with pytest.raises(ShapeError, match="same number of new positions"):
         cache.append("x", np.zeros((2, 2, 4)), np.zeros((1, 2, 4)))

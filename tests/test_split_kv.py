@@ -107,7 +107,8 @@ def test_a_chunk_a_query_cannot_see_gets_lse_minus_inf_and_no_weight_in_the_merg
 
 def test_the_lse_of_a_chunk_is_the_log_of_its_softmax_denominator():
     rng = np.random.default_rng(2)
-    q, k, v = rng.standard_normal((1, 1, 1, 8)), rng.standard_normal((5, 1, 8)), rng.standard_normal((5, 1, 8))
+    q = rng.standard_normal((1, 1, 1, 8))
+    k, v = rng.standard_normal((5, 1, 8)), rng.standard_normal((5, 1, 8))
     _, lse = attend_chunk(q, k, v, np.ones((1, 5), bool), 0.3)
     np.testing.assert_allclose(lse[0, 0, 0], np.log(np.exp(0.3 * k[:, 0] @ q[0, 0, 0]).sum()), rtol=1e-14)
 
@@ -148,9 +149,9 @@ def test_contiguous_and_paged_equal_the_reference(case, num_splits, backend):
     np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-12)
     for page_size in (1, 4, 16):
         k_pages, v_pages, table = to_paged(k, v, seqlens, page_size, rng)
-        paged = attention_with_kvcache(convert(q), convert(k_pages), convert(v_pages), cache_seqlens=convert(seqlens),
-                                       block_table=convert(table), window=window, num_splits=num_splits,
-                                       backend=backend)
+        paged = attention_with_kvcache(convert(q), convert(k_pages), convert(v_pages),
+                                       cache_seqlens=convert(seqlens), block_table=convert(table),
+                                       window=window, num_splits=num_splits, backend=backend)
         np.testing.assert_array_equal(np.asarray(paged), np.asarray(out))  # the same data: the same bits
 
 
@@ -179,7 +180,8 @@ def test_equals_attention_bottom_right_over_each_sequence_alone():
     q, k, v, seqlens = random_case(rng, 3, 2, 4, 2, 8, 25)
     out = attention_with_kvcache(q, k, v, cache_seqlens=seqlens, window=6, num_splits=3)
     for b, n in enumerate(seqlens):
-        alone = attnlib.attention(q[b].transpose(1, 0, 2), k[b, :n].transpose(1, 0, 2), v[b, :n].transpose(1, 0, 2),
+        alone = attnlib.attention(q[b].transpose(1, 0, 2), k[b, :n].transpose(1, 0, 2),
+                                  v[b, :n].transpose(1, 0, 2),
                                   causal="bottom-right", window=6, enable_gqa=True)
         np.testing.assert_allclose(out[b], alone.transpose(1, 0, 2), rtol=0, atol=1e-12)
 

@@ -37,9 +37,11 @@ def _decode_split(Q, K, V, Seqlens, BlockTable, OutPart, LsePart,
                   stride_bt,
                   T_NEW, qk_scale, window,
                   NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                  HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  HEAD_DK: tl.constexpr, HEAD_DV: tl.constexpr,
+                  BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PAGED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+                  PAGED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,7 +83,8 @@ def _decode_split(Q, K, V, Seqlens, BlockTable, OutPart, LsePart,
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        # (BLOCK_M, BLOCK_N), in log2 units
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         allowed = key_ok[None, :] & row_ok[:, None]
         if CAUSAL:
             allowed &= keys[None, :] <= position[:, None]
@@ -93,7 +96,7 @@ def _decode_split(Q, K, V, Seqlens, BlockTable, OutPart, LsePart,
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     has_key = l_i > 0
@@ -102,7 +105,8 @@ def _decode_split(Q, K, V, Seqlens, BlockTable, OutPart, LsePart,
     # partials: OutPart (B, T_new, H, NUM_SPLITS, HEAD_DV), LsePart (B, T_new, H, NUM_SPLITS), contiguous
     row = ((b * T_NEW + token) * n_heads + head).to(tl.int64) * NUM_SPLITS + split
     tl.store(LsePart + row, lse, mask=row_ok)
-    tl.store(OutPart + row[:, None] * HEAD_DV + dv[None, :], out, mask=row_ok[:, None] & (dv[None, :] < HEAD_DV))
+    tl.store(OutPart + row[:, None] * HEAD_DV + dv[None, :], out,
+             mask=row_ok[:, None] & (dv[None, :] < HEAD_DV))
 
 
 @triton.jit
@@ -124,6 +128,12 @@ def _decode_merge(OutPart, LsePart, Out, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.c
 RUNS_ON_CPU = isinstance(_decode_split, InterpretedFunction)  # TRITON_INTERPRET=1 at import
 
 
+def dot_precision(dtype):
+    """fp32 products exact ("ieee": Triton's default would be TF32 on the GPU); fp16 and bf16 on tensor
+    cores."""
+    return "ieee" if dtype == torch.float32 else None
+
+
 def padded(n):
     return max(16, triton.next_power_of_2(n))
 
@@ -133,9 +143,11 @@ def attention_with_kvcache(args):
     q, k_cache, v_cache = args["q"], args["k_cache"], args["v_cache"]
     if not isinstance(q, torch.Tensor):  # NumPy in, NumPy out
         tensors = [torch.from_numpy(x.copy()) for x in (q, k_cache, v_cache)]
-        return attention_with_kvcache(dict(args, q=tensors[0], k_cache=tensors[1], v_cache=tensors[2])).numpy()
+        as_tensors = dict(args, q=tensors[0], k_cache=tensors[1], v_cache=tensors[2])
+        return attention_with_kvcache(as_tensors).numpy()
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise DTypeError(f"the triton backend of attention_with_kvcache takes float16, bfloat16 or float32, got "
+        raise DTypeError(f"the triton backend of attention_with_kvcache takes float16, bfloat16 or float32, "
+                         f"got "
                          f"{q.dtype}; use backend='torch'")
     if not RUNS_ON_CPU and q.device.type != "cuda":
         raise ValueError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before attnlib's "
@@ -165,7 +177,7 @@ def attention_with_kvcache(args):
         HEAD_DK=d, HEAD_DV=d_v, BLOCK_DK=padded(d), BLOCK_DV=padded(d_v),
         BLOCK_M=block_m, BLOCK_N=CPU_BLOCK_N if RUNS_ON_CPU else GPU_BLOCK_N,
         PAGED=paged, CAUSAL=args["causal"], HAS_WINDOW=args["window"] is not None,
-        UPCAST=RUNS_ON_CPU, num_warps=NUM_WARPS)
+        UPCAST=RUNS_ON_CPU, DOT_PRECISION=dot_precision(q.dtype), num_warps=NUM_WARPS)
     out = torch.empty((batch, n_new, n_heads, d_v), dtype=q.dtype, device=device)
     _decode_merge[(batch * n_new * n_heads,)](out_part, lse_part, out, NUM_SPLITS=num_splits,
                                                BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DV=d_v,

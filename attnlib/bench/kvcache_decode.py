@@ -1,4 +1,4 @@
-"""One decode step over a batch of KV caches, timed against memory bandwidth (issue 33 item 5, issue 34 item 1).
+"""One decode step over a batch of KV caches, timed against memory bandwidth (issues 33 and 34).
 
 ``python -m attnlib.bench.kvcache_decode --preset decode --output DIR/decode.csv`` (a GPU only)
 times one new token's attention (T_new = 1) over every sequence's cache, H = 32 query heads over
@@ -37,7 +37,8 @@ PRESETS = {
                     head_dim=16, page_size=16),
 }
 VARIANTS = ("triton-contiguous-1", "triton-contiguous-auto", "triton-paged-1", "triton-paged-auto", "sdpa")
-COLUMNS = ("dtype", "batch", "context", "n_heads", "n_kv_heads", "head_dim", "variant", "num_splits", "page_size",
+COLUMNS = ("dtype", "batch", "context", "n_heads", "n_kv_heads", "head_dim", "variant", "num_splits",
+           "page_size",
            "status", "time_ms", "q25_ms", "q75_ms", "repeats", "cache_bytes", "gbps", "copy_gbps",
            "fraction_of_copy", "max_abs_error", "times_ms")
 COPY_BYTES = 2 * 2**30
@@ -79,18 +80,22 @@ def make_calls(q, k, v, seqlens, page_size, seed):
     k_pages = k.view(batch * pages_per_sequence, page_size, n_kv_heads, d)
     v_pages = v.view(batch * pages_per_sequence, page_size, n_kv_heads, d)
     calls = {
-        "triton-contiguous-1": lambda: attention_with_kvcache(q, k, v, cache_seqlens=seqlens, backend="triton"),
+        "triton-contiguous-1": lambda: attention_with_kvcache(q, k, v, cache_seqlens=seqlens,
+                                                              backend="triton"),
         "triton-contiguous-auto": lambda: attention_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=0,
                                                                  backend="triton"),
         "triton-paged-1": lambda: attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens,
                                                          block_table=table, backend="triton"),
         "triton-paged-auto": lambda: attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens,
-                                                            block_table=table, num_splits=0, backend="triton"),
-        "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                            block_table=table, num_splits=0,
+                                                            backend="triton"),
+        "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                       v.transpose(1, 2),
                                                        enable_gqa=True).transpose(1, 2),
     }
     # what the paged variants read for sequence 0: page table[0, i] holds its positions i*P..(i+1)*P-1
-    first_paged = (k_pages[table[0].long()].reshape(k.shape[1:]), v_pages[table[0].long()].reshape(v.shape[1:]))
+    first_pages = table[0].long()
+    first_paged = (k_pages[first_pages].reshape(k.shape[1:]), v_pages[first_pages].reshape(v.shape[1:]))
     return calls, first_paged
 
 
@@ -143,14 +148,16 @@ def run_shape(dtype_name, batch, context, preset, device, timer, copy_gbps, seed
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m attnlib.bench.kvcache_decode", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m attnlib.bench.kvcache_decode",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=["decode"], default="decode")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU, the triton kernel under TRITON_INTERPRET=1, float32")
     parser.add_argument("--output", required=True, help="CSV file; rows are appended as they are measured, "
                         "with the stamp in OUTPUT.stamp.json")
     parser.add_argument("--dtypes", nargs="+", choices=["fp16", "bf16"],
-                        help="only these dtypes (default: the preset's fp16 and bf16), to split the run in two calls")
+                        help="only these dtypes (default: the preset's fp16 and bf16), to split the run "
+                        "in two calls")
     args = parser.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before the triton kernels are imported
@@ -168,7 +175,8 @@ def main(argv=None):
             return timing.time_cpu(fn, warmup=1, min_repeats=2, max_repeats=3, budget_s=0.05)
     else:
         if not torch.cuda.is_available():
-            parser.exit(2, "attnlib.bench.kvcache_decode: the decode preset measures a GPU's bandwidth and needs "
+            parser.exit(2, "attnlib.bench.kvcache_decode: the decode preset measures a GPU's bandwidth and "
+                           "needs "
                            "a CUDA GPU; none is visible here. Use --dry-run to test the sweep on the CPU.\n")
         device, preset = "cuda", dict(PRESETS[args.preset])
         if args.dtypes:
