@@ -17,7 +17,7 @@ from .arrays import array_kind, as_array, is_tensor, torch_module
 from .errors import DTypeError, ShapeError
 from .masks import causal_alignment, check_window
 from .split_kv import choose_num_splits, decode_one_sequence
-from .validation import check_scale
+from .validation import check_finite, check_scale
 
 BACKENDS = ("numpy", "torch", "triton")
 
@@ -64,8 +64,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
     Same kind and dtype as q, shape (B, T_new, H, d_v).
 
     Raises ShapeError for shapes that do not fit, ValueError for lengths outside the cache
-    or page indices outside the pool (naming the sequence), DTypeError for integer or
-    mismatched dtypes, MixedArrayTypesError for NumPy and torch mixed.
+    or page indices outside the pool (naming the sequence), NonFiniteError for NaN or inf in
+    q (the caches' values are not read by the checks: positions past a length may hold
+    anything), DTypeError for integer or mismatched dtypes, MixedArrayTypesError for NumPy
+    and torch mixed. Python lists of lengths and page indices are accepted.
     """
     args = check_kvcache_arguments(q, k_cache, v_cache, cache_seqlens, block_table, causal, window,
                                    scale, num_splits, backend)
@@ -106,14 +108,12 @@ def check_kvcache_arguments(q, k_cache, v_cache, cache_seqlens, block_table, cau
     """Every check of :func:`attention_with_kvcache`; returns its arguments, normalised."""
     q, k_cache, v_cache = (as_array(x, name) for x, name in
                            ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
-    cache_seqlens = as_array(cache_seqlens, "cache_seqlens") if isinstance(cache_seqlens, (list, tuple)) \
-        else cache_seqlens
+    if isinstance(cache_seqlens, (list, tuple)):  # a list of lengths stays integers (as_array makes floats)
+        cache_seqlens = np.asarray(cache_seqlens)
     kind = array_kind(q=q, k_cache=k_cache, v_cache=v_cache)
     seqlen_kind = array_kind(cache_seqlens=cache_seqlens) if cache_seqlens is not None else None
     if seqlen_kind is None:
         raise ValueError("cache_seqlens is required: the number of valid keys of each sequence, shape (B,)")
-    if isinstance(cache_seqlens, list):  # pragma: no cover - as_array made it an array
-        cache_seqlens = np.asarray(cache_seqlens)
     if block_table is not None and isinstance(block_table, (list, tuple)):
         block_table = np.asarray(block_table)
     if kind == "numpy" and (seqlen_kind == "torch" or (block_table is not None and
@@ -135,6 +135,7 @@ def check_kvcache_arguments(q, k_cache, v_cache, cache_seqlens, block_table, cau
             raise ShapeError(f"{name} must have 4 dimensions, got shape {_shape(x)}; expected "
                              "q (B, T_new, H, d), "
                              "k_cache/v_cache (B, T_max, H_kv, d) or paged (num_blocks, page_size, H_kv, d)")
+    check_finite("q", q, kind)  # the caches may hold anything past each sequence's length
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise DTypeError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype} and "
                          f"{v_cache.dtype}")

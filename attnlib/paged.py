@@ -147,6 +147,30 @@ class PagedKVCache:
             self.v_cache[page, row] = v[offset]
         self._lengths[seq_id] = start + n_new
 
+    def append_batch(self, seq_ids, k, v):
+        """One decoding step for a batch: k (B, T_new, n_kv_heads, head_dim) and v, row b to ``seq_ids[b]``.
+
+        All or nothing: when the free list has too few pages for all of them, raises
+        :class:`CacheFullError` before appending any.
+        """
+        seq_ids = list(seq_ids)
+        for seq_id in seq_ids:
+            self._known(seq_id)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must not repeat a sequence, got {seq_ids}")
+        for name, x in (("k", k), ("v", v)):
+            if len(x.shape) != 4 or x.shape[0] != len(seq_ids):
+                raise ShapeError(f"{name} must have shape (B, T_new, n_kv_heads, head_dim) with B = "
+                                 f"{len(seq_ids)} (one row per seq_id), got {tuple(x.shape)}")
+        rows = [(self._checked(k[b], "k"), self._checked(v[b], "v")) for b in range(len(seq_ids))]
+        needed = sum(self.pages_needed(s, int(k.shape[1])) for s in seq_ids)
+        if needed > len(self._free):
+            raise CacheFullError(f"the pool is full: this step needs {needed} more pages of {self.page_size} "
+                                 f"for {len(seq_ids)} sequences, and {len(self._free)} of {self.num_blocks} "
+                                 "are free; release a finished sequence first")
+        for seq_id, (k_row, v_row) in zip(seq_ids, rows):
+            self.append(seq_id, k_row, v_row)
+
     def _checked(self, x, name):
         expected = (self.n_kv_heads, self.head_dim)
         if self.kind == "torch":

@@ -195,3 +195,25 @@ def test_bad_use_is_named_and_changes_nothing():
 def test_the_api_is_exported():
     assert attnlib.PagedKVCache is PagedKVCache and attnlib.attention_with_kvcache is attention_with_kvcache
     assert {"PagedKVCache", "attention_with_kvcache"} <= set(attnlib.__all__)
+
+
+def test_append_batch_appends_one_step_for_every_sequence_or_none():
+    rng = np.random.default_rng(6)
+    cache = PagedKVCache(3, 2, 1, 2, dtype=np.float64)
+    for seq_id in ("a", "b"):
+        cache.add(seq_id)
+    k, v = rng.standard_normal((2, 2, 1, 2)), rng.standard_normal((2, 2, 1, 2))
+    cache.append_batch(["a", "b"], k, v)
+    assert cache.seqlens(["a", "b"]).tolist() == [2, 2] and cache.free_blocks == 1
+    np.testing.assert_array_equal(cache.k_cache[cache.block_table(["b"])[0, 0]], k[1])
+    before = cache.k_cache.copy()
+    with pytest.raises(CacheFullError, match=r"this step needs 2 more pages of 2 for 2 sequences, and 1 of 3"):
+        cache.append_batch(["a", "b"], k[:, :1], v[:, :1])
+    assert cache.seqlens(["a", "b"]).tolist() == [2, 2] and cache.free_blocks == 1
+    np.testing.assert_array_equal(cache.k_cache, before)
+    with pytest.raises(ShapeError, match=r"k must have shape \(B, T_new, n_kv_heads, head_dim\) with B = 2"):
+        cache.append_batch(["a", "b"], k[:1], v[:1])
+    with pytest.raises(ValueError, match="must not repeat"):
+        cache.append_batch(["a", "a"], k, v)
+    with pytest.raises(ValueError, match="unknown sequence 'c'"):
+        cache.append_batch(["a", "c"], k, v)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import attnlib
 from attnlib import attention_with_kvcache
-from attnlib.errors import DTypeError, MixedArrayTypesError, ShapeError
+from attnlib.errors import DTypeError, MixedArrayTypesError, NonFiniteError, ShapeError
 from attnlib.split_kv import (attend_chunk, choose_num_splits, decode_one_sequence, merge_chunks,
                               split_bounds)
 
@@ -310,3 +310,17 @@ def test_tensors_on_the_numpy_backend_are_refused():
     q, k, v, seqlens = (torch.from_numpy(x) for x in _good())
     with pytest.raises(TypeError, match="backend 'numpy' computes on NumPy arrays"):
         attention_with_kvcache(q, k, v, cache_seqlens=seqlens, backend="numpy")
+
+
+def test_lists_of_lengths_and_pages_are_accepted_and_nan_in_q_is_refused():
+    q, k, v, _ = _good()
+    out = attention_with_kvcache(q, k, v, cache_seqlens=[5, 16])
+    np.testing.assert_array_equal(out, attention_with_kvcache(q, k, v, cache_seqlens=np.array([5, 16])))
+    pages = k.reshape(8, 4, 2, 8)
+    paged = attention_with_kvcache(q, pages, pages, cache_seqlens=[5, 16], block_table=[[0, 1, 2, 3], [4, 5, 6, 7]])
+    np.testing.assert_array_equal(paged, out)
+    q[1, 0, 2, 3] = np.nan
+    with pytest.raises(NonFiniteError, match=r"q \(shape \(2, 1, 4, 8\)\) contains NaN"):
+        attention_with_kvcache(q, k, v, cache_seqlens=[5, 16])
+    with attnlib.unchecked():
+        assert np.isnan(attention_with_kvcache(q, k, v, cache_seqlens=[5, 16])[1, 0, 2]).all()
