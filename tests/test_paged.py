@@ -207,7 +207,8 @@ def test_append_batch_appends_one_step_for_every_sequence_or_none():
     assert cache.seqlens(["a", "b"]).tolist() == [2, 2] and cache.free_blocks == 1
     np.testing.assert_array_equal(cache.k_cache[cache.block_table(["b"])[0, 0]], k[1])
     before = cache.k_cache.copy()
-    with pytest.raises(CacheFullError, match=r"this step needs 2 more pages of 2 for 2 sequences, and 1 of 3"):
+    with pytest.raises(CacheFullError,
+                       match=r"this step needs 2 more pages of 2 for 2 sequences, and 1 of 3"):
         cache.append_batch(["a", "b"], k[:, :1], v[:, :1])
     assert cache.seqlens(["a", "b"]).tolist() == [2, 2] and cache.free_blocks == 1
     np.testing.assert_array_equal(cache.k_cache, before)

@@ -317,7 +317,8 @@ def test_lists_of_lengths_and_pages_are_accepted_and_nan_in_q_is_refused():
     out = attention_with_kvcache(q, k, v, cache_seqlens=[5, 16])
     np.testing.assert_array_equal(out, attention_with_kvcache(q, k, v, cache_seqlens=np.array([5, 16])))
     pages = k.reshape(8, 4, 2, 8)
-    paged = attention_with_kvcache(q, pages, pages, cache_seqlens=[5, 16], block_table=[[0, 1, 2, 3], [4, 5, 6, 7]])
+    paged = attention_with_kvcache(q, pages, pages, cache_seqlens=[5, 16],
+                                   block_table=[[0, 1, 2, 3], [4, 5, 6, 7]])
     np.testing.assert_array_equal(paged, out)
     q[1, 0, 2, 3] = np.nan
     with pytest.raises(NonFiniteError, match=r"q \(shape \(2, 1, 4, 8\)\) contains NaN"):
