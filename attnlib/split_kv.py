@@ -140,11 +140,10 @@ def choose_num_splits(batch, n_kv_heads, max_keys, *, num_sms=None):
 
 
 def device_sm_count():
-    """SMs of the current CUDA device; 132 (an H100) without one."""
-    import importlib.util
+    """SMs of the current CUDA device; 132 (an H100) without one, or when torch is not loaded (NumPy
+    input never imports it)."""
     import sys
-    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        import torch
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return DEFAULT_NUM_SMS

@@ -325,3 +325,15 @@ def test_lists_of_lengths_and_pages_are_accepted_and_nan_in_q_is_refused():
         attention_with_kvcache(q, k, v, cache_seqlens=[5, 16])
     with attnlib.unchecked():
         assert np.isnan(attention_with_kvcache(q, k, v, cache_seqlens=[5, 16])[1, 0, 2]).all()
+
+
+def test_numpy_input_never_imports_torch():
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np, attnlib\n"
+            "q = np.ones((1, 1, 2, 4)); k = np.ones((1, 600, 2, 4))\n"
+            "attnlib.attention_with_kvcache(q, k, k, cache_seqlens=np.array([600]), num_splits=0)\n"
+            "c = attnlib.PagedKVCache(2, 4, 2, 4, dtype='float32'); c.add(0)\n"
+            "print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "False", run.stderr[-2000:]
