@@ -116,7 +116,7 @@ def run_shape(dtype_name, batch, context, preset, device, timer, copy_gbps, seed
         q = torch.randn(batch, 1, h, d, generator=generator, device=device, dtype=dtype)
         k = torch.randn(batch, context, h_kv, d, generator=generator, device=device, dtype=dtype)
         v = torch.randn(batch, context, h_kv, d, generator=generator, device=device, dtype=dtype)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:
         return [dict(base, variant=name, status="oom") for name in VARIANTS]
     seqlens = torch.full((batch,), context, dtype=torch.int32, device=device)
     calls, (k_first, v_first) = make_calls(q, k, v, seqlens, page_size, seed)
@@ -132,7 +132,7 @@ def run_shape(dtype_name, batch, context, preset, device, timer, copy_gbps, seed
                 (v_first if paged else v[0]).transpose(0, 1).float(), enable_gqa=True).transpose(0, 1)
             row["max_abs_error"] = float((out[0].float() - reference).abs().max())
             timing = timer(call)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             rows.append(dict(row, status="oom"))
             continue
         gbps = n_bytes / timing.median_s / 1e9
