@@ -142,9 +142,10 @@ def attention_with_kvcache(args):
     """The triton backend of :func:`attnlib.attention_with_kvcache`, on its checked arguments."""
     q, k_cache, v_cache = args["q"], args["k_cache"], args["v_cache"]
     if not isinstance(q, torch.Tensor):  # NumPy in, NumPy out
-        tensors = [torch.from_numpy(x.copy()) for x in (q, k_cache, v_cache)]
+        device = "cpu" if RUNS_ON_CPU else "cuda"
+        tensors = [torch.from_numpy(x.copy()).to(device) for x in (q, k_cache, v_cache)]
         as_tensors = dict(args, q=tensors[0], k_cache=tensors[1], v_cache=tensors[2])
-        return attention_with_kvcache(as_tensors).numpy()
+        return attention_with_kvcache(as_tensors).cpu().numpy()
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise DTypeError(f"the triton backend of attention_with_kvcache takes float16, bfloat16 or float32, "
                          f"got "
