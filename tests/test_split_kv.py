@@ -166,6 +166,11 @@ def test_random_shapes_lengths_page_sizes_and_splits_equal_the_reference():
         q, k, v, seqlens = random_case(rng, int(rng.integers(1, 5)), n_new, n_heads, n_kv_heads,
                                        int(rng.choice([4, 8])), t_max, d_v=int(rng.choice([4, 6])))
         expected = reference(q, k, v, seqlens, window=window)
+        for b, n in enumerate(seqlens):  # the reference is attention(causal="bottom-right") over each alone
+            alone = attnlib.attention(q[b].transpose(1, 0, 2), k[b, :n].transpose(1, 0, 2),
+                                      v[b, :n].transpose(1, 0, 2), causal="bottom-right", window=window,
+                                      enable_gqa=True)
+            np.testing.assert_allclose(alone.transpose(1, 0, 2), expected[b], rtol=0, atol=1e-12)
         num_splits = int(rng.integers(0, 9))
         page_size = int(rng.integers(1, 20))
         k_pages, v_pages, table = to_paged(k, v, seqlens, page_size, rng)
