@@ -179,12 +179,18 @@ def test_low_precision(dtype, tol):
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=0)
 
 
-def test_user_functions_take_the_dense_route():
-    q, k, v, _ = tensors(1, 4, T, 8, seed=6)
+def test_a_users_own_function_is_refused_naming_the_backends_that_take_it():
+    q, k, v, d_out = tensors(1, 4, T, 8, seed=6)
     own = lambda b, h, i, j: (i - j) % 2 == 0  # noqa: E731  not in the gallery
     assert triton_flex.kernel_spec(None, own, None, None, T, T, None) is None
-    torch.testing.assert_close(attnlib.attention(q, k, v, mask_mod=own, backend="triton"),
-                               attnlib.attention(q, k, v, mask_mod=own, backend="torch"), atol=1e-13, rtol=0)
+    for kw in (dict(mask_mod=own), dict(mask_mod=mods.and_masks(mods.causal(), own)),
+               dict(score_mod=lambda s, b, h, i, j: s * 0.5)):
+        with pytest.raises(ValueError, match="cannot run; backends that take it: numpy, loop, torch and tiled"):
+            attnlib.attention(q, k, v, backend="triton", **kw)
+        with pytest.raises(ValueError, match="cannot run; backends that take it"):
+            attnlib.attention_backward(q, k, v, d_out, backend="triton", **kw)
+    out = attnlib.attention(q, k, v, mask_mod=own, backend="torch")  # which takes it
+    assert out.shape == q.shape
 
 
 def test_grouped_heads_run_in_the_kernel(monkeypatch):

@@ -552,6 +552,8 @@ def forward(name, module, q, k, v, mask, causal, window, scale, shapes, score_mo
             if where is not None:
                 raise_empty_row(where, mods, shapes.score_shape)
         return result.to(q.dtype) if backend_kind == "torch" else result.astype(q.dtype, copy=False)
+    if name == "triton":
+        refuse_user_functions(score_mod, mask_mod)
     if name == "triton" and mask is None:  # the gallery's mods inside the kernel, with block skipping
         out = _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mod, block_mask, zero,
                                 group)
@@ -615,6 +617,8 @@ def backward(name, backward_function, backend_kind, q, k, v, d_out, mask, causal
         if name == "tiled":
             return tiled_backward(q, k, v, d_out, mods, scale)
         return (torch_backward if backend_kind == "torch" else numpy_backward)(q, k, v, d_out, mods, scale)
+    if name == "triton":
+        refuse_user_functions(score_mod, mask_mod)
     if name == "triton" and mask is None:  # the gallery's mods inside the kernels, with block skipping
         grads = _triton_in_kernel_backward(q, k, v, d_out, causal, window, scale, shapes, score_mod, mask_mod,
                                            block_mask, zero, group)
@@ -637,6 +641,28 @@ def backward(name, backward_function, backend_kind, q, k, v, d_out, mask, causal
 
 
 # ---------------------------------------------------------------- triton: the gallery inside the kernel
+
+def _is_library_mod(mod):
+    """True for a mod of :mod:`attnlib.mods` (or varlen's), combinations of them included."""
+    if getattr(mod, "params", {}).get("varlen_tables"):
+        return True
+    if type(mod).__module__ != "attnlib.mods":
+        return False
+    parts = mod.params.get("mods") if getattr(mod, "name", None) in ("and_masks", "or_masks") else None
+    return parts is None or all(_is_library_mod(part) for part in parts)
+
+
+def refuse_user_functions(score_mod, mask_mod):
+    """backend="triton" compiles the gallery's mods into its kernel; a Python function of one's own it
+    cannot run: a ValueError that names the backends that take one."""
+    for role, mod in (("mask_mod", mask_mod), ("score_mod", score_mod)):
+        if mod is not None and not _is_library_mod(mod):
+            takes = "numpy, loop, torch and tiled (any function), sdpa (as a dense mask)" if role == "mask_mod" \
+                else "numpy, loop, torch and tiled (any function), sdpa (an additive one, as a dense mask)"
+            raise ValueError(f"backend='triton' runs the mods of attnlib.mods inside its kernel, but {role}="
+                             f"{getattr(mod, '__name__', mod)!r} is a Python function of your own, which it "
+                             f"cannot run; backends that take it: {takes}")
+
 
 def _triton_in_kernel(q, k, v, causal, window, scale, shapes, score_mod, mask_mod, block_mask, zero, group):
     """The output of :mod:`.triton_flex`'s kernel, or None when it cannot run these mods (the caller then
