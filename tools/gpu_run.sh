@@ -15,6 +15,9 @@
 #            and an ncu profile of the Triton forward at T = 4096
 #   recheck  after a change to the kernels' tiles: versions, the Triton and CUDA tests, the sm_90
 #            compile check with the machine's own Triton, and fwd+bwd at d = 128 again
+#   decode   issue 34 item 1: attention_with_kvcache on triton (contiguous and paged, split and unsplit)
+#            against SDPA with one query, fp16 then bf16 (attnlib.bench.kvcache_decode), GB/s against a
+#            measured copy; and the split-KV kernel's tests on the GPU
 # --dry-run prints each command and runs the parts that need no GPU (the bench's and the checker's own
 # dry runs), so that the plan is tested on a CPU.
 set -uo pipefail
@@ -90,8 +93,14 @@ case "$STEP" in
     bench 170 gpu-fwdbwd-d128 fwdbwd_d128.csv
     run 100 "$PY" -m attnlib.bench.sm90 --required --jobs 16
     ;;
+  decode)
+    if [ "$DRY" = 1 ]; then "$PY" -m attnlib.bench.kvcache_decode --dry-run --output "$DIR/decode_dry.csv" | tail -n 2; fi
+    run 120 "$PY" -m pytest tests/test_kvcache_triton.py -q -x -p no:cacheprovider -n 8 -o addopts=""
+    run 280 "$PY" -m attnlib.bench.kvcache_decode --dtypes fp16 --output "$DIR/decode_fp16.csv"
+    run 280 "$PY" -m attnlib.bench.kvcache_decode --dtypes bf16 --output "$DIR/decode_bf16.csv"
+    ;;
   *)
-    echo "unknown step $STEP: check, fwd, fwdbwd, extra or recheck" >&2
+    echo "unknown step $STEP: check, fwd, fwdbwd, extra, recheck or decode" >&2
     exit 2
     ;;
 esac
