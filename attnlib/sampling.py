@@ -11,7 +11,7 @@ token at random with the probabilities the model gives it, after three optional 
 
 The draw itself uses one uniform number u in [0, 1) from :class:`Uniform`, a small
 generator (mulberry32) whose every step is 32-bit integer arithmetic, so the page's
-JavaScript (``attnlib/live.js``) draws the same numbers from the same seed: the token
+JavaScript (``attnlib/live_writer.js``) draws the same numbers from the same seed: the token
 drawn is the first whose cumulative probability exceeds u.
 
 :func:`generate` runs chapter 9's loop, with a KV cache (``cached=True``) or recomputing
