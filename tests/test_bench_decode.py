@@ -183,3 +183,13 @@ def test_the_stored_files_the_chapter_plots_hold_every_context_of_their_preset(n
     assert stamp["device_name"] and stamp["load_average"] and stamp["command"].endswith(name)
     assert stamp["git_commit"]
     assert all(len(row["times_ms"].split()) == row["repeats"] >= 5 for row in rows)
+
+
+def test_the_stored_runs_are_read_by_name():
+    from attnlib.bench import decode as decode_bench
+
+    for preset in ("decode", "window"):
+        stamp, rows = decode_bench.stored(preset)
+        assert rows and {row["preset"] for row in rows} == {preset} and stamp["device_name"]
+    with pytest.raises(ValueError, match="preset must be"):
+        decode_bench.stored("gpu")

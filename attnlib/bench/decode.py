@@ -431,3 +431,12 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def stored(preset):
+    """``(stamp, rows)`` of the measurement the book ships for ``preset`` ("decode" or "window")."""
+    from importlib.resources import files
+
+    if preset not in ("decode", "window"):
+        raise ValueError(f"preset must be 'decode' or 'window', got {preset!r}")
+    return read_decode_results(Path(files("attnlib") / "data" / f"{preset}_cpu.csv"))
