@@ -73,6 +73,26 @@ from attnlib.bench import sparsity
 np.set_printoptions(precision=3, suppress=True)
 results_dir = Path(files("attnlib") / "data")  # measured results ship with attnlib
 """),
+    code(r"""
+picture = np.random.default_rng(14)  # the batch of the next section
+drawn = picture.lognormal(mean=5.5, sigma=0.9, size=16)
+sizes = np.minimum(drawn.astype(int) + 1, 4096)
+fig, (ax_pad, ax_pack) = plt.subplots(1, 2, figsize=(10, 3), constrained_layout=True,
+                                      gridspec_kw={"width_ratios": [1, 1.6]})
+for row, n in enumerate(sizes):
+    ax_pad.barh(row, n, color="C0")
+    ax_pad.barh(row, sizes.max() - n, left=n, color="0.85")
+ax_pad.set(title="padded: 16 rows as long as the longest", xlabel="position",
+           ylabel="sequence", yticks=[])
+starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+for i, (start, n) in enumerate(zip(starts, sizes)):
+    ax_pack.barh(0, n, left=start, color=f"C{i % 10}", edgecolor="white")
+ax_pack.set(title="packed: one row, cu_seqlens marking where each starts",
+            xlabel="position in the packed row", yticks=[], ylim=(-2, 2))
+plt.show()
+""", "hide-input", alt=("Left: sixteen horizontal bars, blue up to each sequence's length and grey "
+                       "padding to the longest, most of the area grey. Right: the same sixteen "
+                       "sequences end to end in one row of coloured segments, with no grey.")),
     md(r"""
 ## What padding wastes
 
@@ -179,13 +199,33 @@ score before the softmax. ALiBi {cite:p}`press2022train` subtracts a slope times
 distance; Gemma 2 caps scores smoothly with $c \tanh(s / c)$. The book's gallery,
 `attnlib.mods`, holds these and the masks: causal, sliding window, document, prefix-LM
 (the first tokens seen by all), attention sinks (the first tokens kept beside a window).
-Each agrees with FlexAttention itself to about $10^{-13}$ in float64, forward and
-backward.
+PyTorch's `flex_attention` runs on a CPU too; one of the gallery's masks, against it:
+"""),
+    code(r"""
+import warnings
 
+from torch.nn.attention.flex_attention import flex_attention
+
+three_docs = mods.and_masks(mods.causal(), mods.document(np.repeat(np.arange(3), 4)))
+qt, kt, vt = (torch.from_numpy(rng.standard_normal((1, 2, 12, 8))) for _ in range(3))
+
+
+def as_score_mod(score, b, h, q_idx, kv_idx):  # the mask, as flex_attention's score_mod
+    return torch.where(three_docs(b, h, q_idx, kv_idx), score, -float("inf"))
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # flex_attention warns that it runs uncompiled here
+    theirs = flex_attention(qt, kt, vt, score_mod=as_score_mod)
+ours = attnlib.attention(qt, kt, vt, mask_mod=three_docs)
+print("the same as flex_attention, to within 1e-12:",
+      torch.allclose(ours, theirs, rtol=0, atol=1e-12))
+"""),
+    md(r"""
 ## The blocks a kernel can skip
 
-A tiled kernel ([chapter 12](12_without_the_matrix.ipynb)) works on tiles of
-$128 \times 128$ queries and keys. `attnlib.block_mask` runs the mask function once per
+A tiled kernel ([chapter 12](12_without_the_matrix.ipynb)) works on tiles, here of
+128 queries by 128 keys. `attnlib.block_mask` runs the mask function once per
 tile and records which tiles hold any allowed key: the others are never loaded. Its
 *sparsity* is the share of tiles skipped:
 """),
@@ -307,7 +347,8 @@ meant, and keep the default elsewhere.
   `mask_mod(b, h, q_idx, kv_idx)` and `score_mod(score, b, h, q_idx, kv_idx)`: one function
   for every size and backend.
 - A block mask records the tiles that hold any allowed key; a tiled kernel skips the
-  rest, and its time follows the tiles it computes.
+  rest. Through the book's block-mask path the time fell with the tiles computed (one
+  run per mask, on a CPU); the plain tiled loop's own causal skipping saved little.
 - `empty_rows="zero"` answers a query with no key as SDPA does, with zeros.
 """),
 ]
