@@ -396,7 +396,7 @@ def drop_removed_cells(cells):
             meaningful = [line for line in source.split("\n") if line.strip() and not line.strip().startswith("#")]
             if not meaningful or not (_assigned(source) & needed):
                 continue
-            cell.source, cell.outputs = source, []  # keeps its execution_count: it ran in the book
+            cell.source, cell.outputs, cell.execution_count = source, [], None
         if cell.cell_type == "code":
             needed = (needed - _assigned(cell.source)) | _loaded(cell.source)
         out.append(cell)
