@@ -41,7 +41,7 @@ nbval: $(STAMP)
 # runs them twice more: with every model's initial weights changed by a relative 1e-9 before training
 # (attnlib.learn.training.perturb_initial_weights), and on other code paths of torch's and MKL's
 # kernels. No notebook sets these variables.
-TRAINING_CHAPTERS := book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb book/10_a_gpt_that_writes.ipynb
+TRAINING_CHAPTERS := book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb book/10_a_gpt_that_writes.ipynb book/15_decoding_at_scale.ipynb
 nbval-training: $(STAMP)
 	ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9 $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope
 	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope

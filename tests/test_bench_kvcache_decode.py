@@ -45,6 +45,28 @@ def test_the_dry_run_writes_every_variant_of_every_shape_checked_against_sdpa(tm
         assert len(row["times_ms"].split()) == int(row["repeats"])
     stamp = json.loads((tmp_path / "decode.csv.stamp.json").read_text())
     assert stamp["copy_gbps"] > 0 and stamp["git_commit"]
+    # what chapter 15 reads and plots, from files named as tools/gpu_run.sh's decode step names them
+    assert kvcache_decode.stored(tmp_path) is None
+    output.rename(tmp_path / "decode_fp16.csv")
+    (tmp_path / "decode.csv.stamp.json").rename(tmp_path / "decode_fp16.csv.stamp.json")
+    stored = kvcache_decode.stored(tmp_path)
+    assert len(stored) == len(rows) and all(r["stamp"]["copy_gbps"] == stamp["copy_gbps"] for r in stored)
+    assert all(isinstance(r["fraction_of_copy"], float) for r in stored)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = kvcache_decode.plot_stored(stored)
+    assert len(fig.axes) == len(preset["batches"])
+    assert all(len(ax.get_lines()) == len(kvcache_decode.VARIANTS) + 1 for ax in fig.axes)  # + the 1.0 line
+    with pytest.raises(ValueError, match="status 'ok'"):
+        kvcache_decode.plot_stored([dict(r, status="oom") for r in stored])
+
+
+def test_the_chapter_reads_no_gpu_rows_until_a_run_is_stored():
+    """The stored files are the decode step's names; none exist until a GPU run stores them."""
+    data = ROOT / "attnlib" / "data" / "gpu"
+    present = [name for name in kvcache_decode.STORED if (data / name).exists()]
+    assert (kvcache_decode.stored() is None) == (not present)
 
 
 def test_the_gpu_preset_covers_the_issues_sweep():

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from attnlib.bench import diagrams, gpu_results  # noqa: E402
 
 BOOK = Path(__file__).resolve().parent.parent / "book"
-PART_III = ["11_timing_on_gpu", "12_without_the_matrix", "13_backward_pass"]
+PART_III = ["11_timing_on_gpu", "12_without_the_matrix", "13_backward_pass", "15_decoding_at_scale"]
 HIDDEN = {"remove-cell", "remove-input", "hide-cell", "hide-input"}
 
 
@@ -27,7 +27,7 @@ def source(cell):
 
 
 @pytest.mark.parametrize("draw", [diagrams.plot_naive_vs_fused, diagrams.plot_tile_stream,
-                                  diagrams.plot_backward_flow])
+                                  diagrams.plot_backward_flow, diagrams.plot_paged_cache])
 def test_each_diagram_draws_labelled_boxes(draw):
     fig = draw()
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]

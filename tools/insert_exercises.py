@@ -37,6 +37,7 @@ CHAPTERS = {
     12: "12_without_the_matrix",
     13: "13_backward_pass",
     14: "14_many_sequences",
+    15: "15_decoding_at_scale",
 }
 KIND_LABEL = {"by hand": "By hand", "implement": "Implement", "find the bug": "Find the bug", "predict": "Predict"}
 INTRO = (

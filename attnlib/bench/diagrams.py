@@ -1,4 +1,4 @@
-"""Pictures of how attention runs on a GPU, for the opening pages of chapters 11 to 13.
+"""Pictures of how attention runs on a GPU, for the opening pages of chapters 11 to 15.
 
 Each function draws one diagram with matplotlib and returns its figure; none reads data.
 
@@ -7,6 +7,7 @@ Each function draws one diagram with matplotlib and returns its figure; none rea
 - :func:`plot_tile_stream`: one tile of queries held on the chip while tiles of keys and
   values stream past it, updating the running maximum, sum and output.
 - :func:`plot_backward_flow`: what the backward pass reads, recomputes and writes.
+- :func:`plot_paged_cache`: a contiguous cache against a pool of pages and its block table.
 """
 
 import matplotlib.pyplot as plt
@@ -172,4 +173,53 @@ def plot_backward_flow(figsize=(10, 4.6)):
     _arrow(ax, (9.8, 2.85), (10.45, 2.2), colour=SCORE)
     ax.set_title("The backward pass: the T × T blocks (red) exist only inside one "
                  "block's work", fontsize=10)
+    return fig
+
+
+def plot_paged_cache(page_size=4, figsize=(10, 4.4)):
+    """Left: a contiguous cache reserves the longest length for every sequence. Right: a pool
+    of pages; each sequence's row of the block table lists its pages, wherever they lie."""
+    if page_size < 2:
+        raise ValueError(f"page_size must be at least 2, got {page_size}")
+    lengths = {"a": 10, "b": 3, "c": 7}  # positions each sequence holds
+    colours = {"a": QUERY, "b": KEY, "c": VALUE}
+    fig, (left, right) = plt.subplots(1, 2, figsize=figsize, constrained_layout=True,
+                                      gridspec_kw={"width_ratios": [1, 1.25]})
+    longest = 12
+    _blank(left, (0, longest + 2), (0, 6))
+    left.set_title(f"contiguous: each sequence reserves {longest} positions", fontsize=10)
+    for row, (name, n) in enumerate(lengths.items()):
+        y = 4.2 - row * 1.5
+        left.text(0.6, y + 0.3, name, ha="center", va="center", fontsize=10)
+        for p in range(longest):
+            used = p < n
+            left.add_patch(Rectangle((1.2 + p, y), 0.9, 0.6, fc=colours[name] if used else "white",
+                                     ec="#777777", lw=0.8))
+    left.text(1.2, 0.35, "white: reserved, never used", fontsize=8)
+    # the pool: pages handed out in the order the sequences grew, so they interleave
+    pages = {"a": [0, 3, 5], "b": [1], "c": [2, 4]}
+    n_pages = 7
+    _blank(right, (0, 12), (0, 6))
+    right.set_title(f"paged: a pool of pages of {page_size} positions", fontsize=10)
+    owner = {page: name for name, held in pages.items() for page in held}
+    for page in range(n_pages):
+        x = 0.4 + page * 1.6
+        right.text(x + 0.7, 5.45, f"page {page}", ha="center", fontsize=7)
+        name = owner.get(page)
+        filled = 0 if name is None else min(page_size, lengths[name] - pages[name].index(page) * page_size)
+        for slot in range(page_size):
+            right.add_patch(Rectangle((x, 4.9 - (slot + 1) * 0.3), 1.4, 0.28,
+                                      fc=colours[name] if slot < filled else "white",
+                                      ec="#777777", lw=0.6))
+        if name is None:
+            right.text(x + 0.7, 3.45, "free", ha="center", fontsize=7, color="#444444")
+    right.text(0.4, 3.0, "block table", fontsize=9, weight="bold")
+    for row, (name, held) in enumerate(pages.items()):
+        y = 2.55 - row * 0.85
+        right.text(0.7, y, name, ha="center", va="center", fontsize=10)
+        for i, page in enumerate(held):
+            _box(right, 1.3 + i * 1.0, y - 0.3, 0.8, 0.6, "white", str(page), fontsize=9)
+        right.text(1.3 + 3 * 1.0 + 0.2, y, f"{lengths[name]} positions", va="center", fontsize=8)
+    right.text(6.2, 0.3, "the last page of each is partly empty: at most\n"
+               f"{page_size - 1} positions reserved and unused per sequence", fontsize=8)
     return fig

@@ -42,6 +42,64 @@ COLUMNS = ("dtype", "batch", "context", "n_heads", "n_kv_heads", "head_dim", "va
            "status", "time_ms", "q25_ms", "q75_ms", "repeats", "cache_bytes", "gbps", "copy_gbps",
            "fraction_of_copy", "max_abs_error", "times_ms")
 COPY_BYTES = 2 * 2**30
+STORED = ("decode_fp16.csv", "decode_bf16.csv")  # what tools/gpu_run.sh's decode step writes
+
+
+def stored(directory=None):
+    """The stored GPU rows of this benchmark: a list of dicts (numbers as floats, each with its file's
+    stamp under ``"stamp"``), or None when no GPU run has been stored yet
+    (``attnlib/data/gpu/decode_fp16.csv`` and ``decode_bf16.csv``, each beside its ``.stamp.json``).
+
+    Chapter 15 plots these and only these; it says so when there are none.
+    """
+    from importlib.resources import files
+    from pathlib import Path
+
+    directory = Path(directory) if directory is not None else Path(files("attnlib") / "data" / "gpu")
+    rows = []
+    for name in STORED:
+        path = directory / name
+        if not path.exists():
+            continue
+        stamp_path = path.with_name(path.name + ".stamp.json")
+        stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() else {}
+        with path.open(newline="") as handle:
+            for row in csv.DictReader(handle):
+                for key in ("batch", "context", "num_splits", "time_ms", "gbps", "copy_gbps",
+                            "fraction_of_copy", "max_abs_error"):
+                    if row.get(key) not in (None, ""):
+                        row[key] = float(row[key])
+                row["stamp"] = stamp
+                rows.append(row)
+    return rows or None
+
+
+def plot_stored(rows, dtype=None):
+    """Achieved bandwidth as a fraction of the copy kernel's, against the context, one panel per
+    batch size, one line per variant, for one dtype (the first stored by default). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if not ok:
+        raise ValueError("no row with status 'ok' to plot")
+    dtype = dtype or ok[0]["dtype"]
+    ok = [r for r in ok if r["dtype"] == dtype]
+    batches = sorted({r["batch"] for r in ok})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.4), sharey=True,
+                             constrained_layout=True, squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        for variant in VARIANTS:
+            line = sorted((r["context"], r["fraction_of_copy"]) for r in ok
+                          if r["batch"] == batch and r["variant"] == variant)
+            if line:
+                ax.semilogx(*zip(*line), "o-", label=variant, base=2)
+        ax.axhline(1.0, color="0.5", lw=0.8, ls="--")
+        ax.set(title=f"B = {int(batch)}", xlabel="context (keys per sequence)")
+    axes[0][0].set_ylabel("GB/s achieved / copy kernel's")
+    axes[0][-1].legend(fontsize=7)
+    device = ok[0].get("stamp", {}).get("device_name", "GPU")
+    fig.suptitle(f"One decode step, {dtype}, on {device}", fontsize=10)
+    return fig
 
 
 def _torch_dtype(name):

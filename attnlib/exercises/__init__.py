@@ -11,7 +11,7 @@ True
 Four kinds of exercise: *by hand* (a number worked out on paper), *implement*
 (a function), *find the bug* (a short function with one classic mistake) and
 *predict* (an answer given before computing). Each chapter's file
-(``ch1_qkv.py`` ... ``ch14_many_sequences.py``) holds its exercises, their
+(``ch1_qkv.py`` ... ``ch15_decoding.py``) holds its exercises, their
 solutions and their typical wrong answers; :mod:`.core` runs the checks.
 """
 
@@ -33,6 +33,7 @@ from . import (
     ch12_without_the_matrix,
     ch13_backward,
     ch14_many_sequences,
+    ch15_decoding,
 )
 from .core import KINDS, Exercise, Result
 
@@ -51,6 +52,7 @@ _CHAPTERS = (
     ch12_without_the_matrix,
     ch13_backward,
     ch14_many_sequences,
+    ch15_decoding,
 )
 _REGISTRY = {exercise.id: exercise for chapter in _CHAPTERS for exercise in chapter.EXERCISES}
 assert len(_REGISTRY) == sum(len(chapter.EXERCISES) for chapter in _CHAPTERS), "duplicate exercise ids"
