@@ -157,10 +157,16 @@ def test_code_cells_and_outputs_are_the_chapters_own(path):
     for cell in reader:
         original = by_id[cell.id]
         removed = "remove-cell" in original.metadata.get("tags", []) and cell.id != reader_edition.SETUP_CELL_ID
-        if removed:  # kept for a name a later cell reads: no output, no glue or assert
-            original = nbformat.v4.new_code_cell(reader_edition._without_bookkeeping(original.source),
-                                                 metadata=original.metadata)
+        if removed:  # kept for a name a later cell reads: no glue, assert or print, nor their records
+            stripped = reader_edition._without_bookkeeping(original.source)
+            printed = reader_edition._prints(original.source) > reader_edition._prints(stripped)
+            outputs = [o for o in original.outputs if not reader_edition.is_glue_output(o)
+                       and not (printed and o.output_type == "stream")]
+            original = nbformat.v4.new_code_cell(stripped, metadata=original.metadata,
+                                                 execution_count=original.execution_count)
+            original.outputs = outputs
         assert cell.outputs == original.outputs
+        assert cell.execution_count == original.execution_count
         hidden = set(original.metadata.get("tags", [])) & reader_edition.HIDDEN_TAGS
         assert bool(cell.metadata.get("jupyter", {}).get("source_hidden")) == bool(hidden)
         if hidden:  # folded in JupyterLab and in Colab (a form title, then the code unchanged)
@@ -333,17 +339,87 @@ def test_cells_the_book_removes_are_gone_unless_a_later_cell_needs_them():
             tree = ast.parse(source)
             assert not any(reader_edition._is_bookkeeping(node) for node in ast.walk(tree)
                            if isinstance(node, ast.stmt)), f"{path.name}: {source[:80]}"
-            later = set().union(*(reader_edition._loaded(c.source) for c in cells[i + 1:]))
-            assert reader_edition._assigned(source) & later, f"{path.name}: kept for nothing: {source[:80]}"
+            needed = set()
+            for later in reversed(cells[i + 1:]):
+                reads, binds = reader_edition._free_reads(later.source)
+                needed = (needed - binds) | reads
+            assert reader_edition._assigned(source) & needed, f"{path.name}: kept for nothing: {source[:80]}"
+
+
+def _glue_record(name, value):
+    return nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": value},
+                                  metadata={"scrapbook": {"name": name,
+                                                          "mime_prefix": "application/papermill.record/"}})
 
 
 def test_dropping_removed_cells_keeps_what_a_later_cell_reads():
+    removed = {"tags": ["remove-cell"]}
     cells = [nbformat.v4.new_code_cell("from myst_nb import glue\nx = 3\nglue('x', x)\nassert x > 0",
-                                       metadata={"tags": ["remove-cell"]}),
-             nbformat.v4.new_code_cell("glue('y', 4)\nassert True", metadata={"tags": ["remove-cell"]}),
-             nbformat.v4.new_code_cell("for i in range(2):\n    glue(f'z{i}', i)\nw = 1",
-                                       metadata={"tags": ["remove-cell"]}),
-             nbformat.v4.new_code_cell("print(x + w)")]
+                                       metadata=removed),
+             nbformat.v4.new_code_cell("glue('y', 4)\nassert True", metadata=removed),
+             # the loop did nothing but glue: it goes, with its comment
+             nbformat.v4.new_code_cell("# the numbers\nfor i in range(2):\n    glue(f'z{i}', i)\nw = 1",
+                                       metadata=removed),
+             # the cell reads the loop's variable after it: the loop stays, with pass
+             nbformat.v4.new_code_cell("for j in range(2):\n    glue(f'z{j}', j)\nlast = j",
+                                       metadata=removed),
+             # kept for nothing: later cells bind t and u before they read them
+             nbformat.v4.new_code_cell("t = 1\nu = 2", metadata=removed),
+             nbformat.v4.new_code_cell("print(x + w + last)\nfor t in range(2):\n    print(t)"),
+             nbformat.v4.new_code_cell("print([u for u in range(2)])")]
     kept = reader_edition.drop_removed_cells(cells)
-    assert [c.source for c in kept] == ["from myst_nb import glue\nx = 3",
-                                        "for i in range(2):\n    pass\nw = 1", "print(x + w)"]
+    assert [c.source for c in kept] == ["from myst_nb import glue\nx = 3", "w = 1",
+                                        "for j in range(2):\n    pass\nlast = j", cells[-2].source,
+                                        cells[-1].source]
+
+
+def test_a_removed_cell_kept_is_stored_executed_with_the_outputs_it_draws():
+    """Not as never run (nbval would not compare it), nor with its figure missing (nbval compares a
+    fresh run with the stored outputs): only its glue records go, and the text of its prints."""
+    figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBOR", "text/plain": "<Figure>"})
+    printed = nbformat.v4.new_output("stream", name="stdout", text="the table\n")
+    static = nbformat.v4.new_code_cell("fig = draw()\nprint('the table')\nglue('n', 3)\nfig",
+                                       metadata={"tags": ["remove-cell"]}, execution_count=7)
+    static.outputs = [printed, _glue_record("n", "3"), figure]
+    quiet = nbformat.v4.new_code_cell("n = 3\nglue('n', n)", metadata={"tags": ["remove-cell"]},
+                                      execution_count=8)
+    quiet.outputs = [_glue_record("n", "3")]
+    kept = reader_edition.drop_removed_cells([static, quiet, nbformat.v4.new_code_cell("fig, n")])
+    assert [c.source for c in kept[:2]] == ["fig = draw()\nfig", "n = 3"]
+    assert [c.execution_count for c in kept[:2]] == [7, 8]
+    assert kept[0].outputs == [figure] and kept[1].outputs == []
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_code_cell_of_the_edition_is_stored_executed_with_its_outputs(path):
+    """nbval skips a cell stored without an execution count and compares the others' outputs with a
+    fresh run: every code cell is stored as the book ran it, with the book's figures and results
+    (glue records aside)."""
+    book = {c.id: c for c in read(path).cells if c.cell_type == "code"}
+    for cell in read(edition(path)).cells:
+        if cell.cell_type != "code":
+            continue
+        assert cell.execution_count is not None, f"{path.name}: cell {cell.id} stored as never run"
+        assert cell.execution_count == book[cell.id].execution_count
+        def shown(outputs):  # figures and results (prints of a removed cell go with them)
+            return [o.output_type for o in outputs
+                    if o.output_type != "stream" and not reader_edition.is_glue_output(o)]
+
+        assert shown(cell.outputs) == shown(book[cell.id].outputs), \
+            f"{path.name}: cell {cell.id} is stored without the outputs the book's cell has"
+
+
+def test_the_names_a_cell_needs_from_earlier_cells():
+    def reads(source):
+        return reader_edition._free_reads(source)[0] - {"print", "range", "len"}
+
+    assert reads("for r in rows:\n    print(r)") == {"rows"}
+    assert reads("[t for t in ts if t]\n{k: v for k, v in d}") == {"ts", "d"}
+    assert reads("def f(a, b=c):\n    x = a + y\n    return x\nf(1)") == {"c", "y"}
+    assert reads("g = lambda q: q + z") == {"z"}
+    assert reads("if a:\n    b = 1\nelse:\n    b = 2\nprint(b)") == {"a"}
+    assert reads("if a:\n    b = 1\nprint(b)") == {"a", "b"}  # b may come from an earlier cell
+    assert reads("x += 1\ny = x") == {"x"}
+    assert reads("with open(p) as f:\n    s = f.read()\nn = len(s)") == {"open", "p"}
+    assert reads("a[i] = 1") == {"a", "i"}
+    assert reader_edition._free_reads("x = 1\nfor t in ts:\n    pass")[1] == {"x", "t"}

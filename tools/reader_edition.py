@@ -19,7 +19,11 @@ outputs with the Markdown converted:
   work, listed under "References" at the end of the chapter;
 - a labelled equation gets its book number as ``\\tag{N}`` and ``{eq}`` becomes "(N)";
 - ``(target)=`` lines go; cells the book hides keep their code, folded: JupyterLab
-  collapses them and Colab shows a ``#@title`` bar that opens on a double click.
+  collapses them and Colab shows a ``#@title`` bar that opens on a double click;
+- a cell the book removes goes, unless a later cell reads a name it defines before defining
+  it; then it stays without its glue calls, asserts and prints, stored as the book ran it
+  (execution count, and the figures it draws, such as a live figure's static twin), so that
+  nbval checks it like any other cell.
 
 An unknown directive or role stops the script with its name, so new markup cannot leak
 silently. A name that only a solution defines and a later cell uses would break the
@@ -354,39 +358,75 @@ def published_book():
 SETUP_CELL_ID = "colab-setup"  # the first code cell, which installs attnlib in Colab
 
 
-def _is_bookkeeping(node):
-    """A top-level statement the book runs only for itself: ``glue(...)`` or an ``assert``."""
+def _is_bookkeeping(node, loops=True):
+    """A statement the book runs only for itself: ``glue(...)``, an ``assert``, a ``print(...)`` (in a
+    cell the book removes, text no page shows), or with ``loops`` a ``for`` or ``if`` that does
+    nothing else."""
     if isinstance(node, ast.Assert):
         return True
+    if loops and isinstance(node, (ast.For, ast.If)):
+        return all(_is_bookkeeping(child) for child in node.body + node.orelse)
     return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name) and node.value.func.id == "glue")
+            and isinstance(node.value.func, ast.Name) and node.value.func.id in ("glue", "print"))
 
 
 def _without_bookkeeping(source):
-    """``source`` without its top-level glue calls and asserts (unparseable source unchanged)."""
+    """``source`` without its glue calls, asserts and prints, and without the loops and ``if``s that
+    did nothing else (unless the cell reads a loop's variable after it; then the loop stays, with
+    ``pass`` in it); the comment lines right above a statement that goes, go with it.
+    Unparseable source comes back unchanged."""
     tree = _code(source)
     if tree is None:
         return source
+    stripped = _strip(source, tree, loops=True)
+    if _free_reads(stripped)[0] <= _free_reads(source)[0]:
+        return stripped
+    return _strip(source, tree, loops=False)
+
+
+def _strip(source, tree, loops):
     lines = source.split("\n")
     drop, replace = set(), {}
-    blocks = [tree.body] + [getattr(node, field) for node in ast.walk(tree)
-                            for field in ("body", "orelse", "finalbody")
-                            if node is not tree and isinstance(getattr(node, field, None), list)]
-    for block in blocks:
-        gone = [node for node in block if isinstance(node, ast.stmt) and _is_bookkeeping(node)]
+
+    def visit(block, top):
+        gone = [node for node in block if _is_bookkeeping(node, loops)]
         for node in gone:
-            drop |= set(range(node.lineno - 1, node.end_lineno))
-        if gone and len(gone) == len(block) and block is not tree.body:  # a block left empty
-            first = gone[0]
-            replace[first.lineno - 1] = " " * first.col_offset + "pass"
+            drop.update(range(node.lineno - 1, node.end_lineno))
+            above = node.lineno - 2
+            while above >= 0 and lines[above].strip().startswith("#") and above not in drop:
+                drop.add(above)
+                above -= 1
+        if gone and len(gone) == len(block) and not top:  # a block left empty
+            replace[gone[0].lineno - 1] = " " * gone[0].col_offset + "pass"
+        for node in block:
+            # a function's or class's body runs when a later cell calls it: its prints are that
+            # cell's output, so it stays as it is
+            if node in gone or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            parts = [node, *getattr(node, "handlers", []), *getattr(node, "cases", [])]
+            for part in parts:
+                for field in ("body", "orelse", "finalbody"):
+                    if isinstance(getattr(part, field, None), list) and getattr(part, field):
+                        visit(getattr(part, field), False)
+
+    visit(tree.body, True)
     kept = [replace.get(i, line) for i, line in enumerate(lines) if i not in drop or i in replace]
     return "\n".join(kept).strip("\n")
 
 
+def is_glue_output(output):
+    """A glue record (``glue(name, value)``): myst-nb moves it into the prose, no page shows it."""
+    return "scrapbook" in output.get("metadata", {}) or any(
+        key.startswith("application/papermill.record/") for key in output.get("data", {}))
+
+
 def drop_removed_cells(cells):
     """Give the reader only what the book shows: a cell the book removes (``remove-cell``) loses
-    its glue calls and asserts, and goes altogether unless a later cell kept here reads a name it
-    defines (or it is the Colab set-up cell). Its outputs (glue records) go too."""
+    its glue calls, asserts and prints, and goes altogether unless a later cell kept here reads a
+    name it defines (or it is the Colab set-up cell). A cell that stays keeps its execution count
+    and the outputs the rest of its code drew (a static figure for notebook readers): it ran in the
+    book, and nbval compares those outputs with a fresh run. Its glue records go, and its printed
+    text when its prints went."""
     needed, out = set(), []
     for cell in reversed(cells):
         removed = cell.cell_type == "code" and "remove-cell" in cell.metadata.get("tags", []) \
@@ -396,11 +436,22 @@ def drop_removed_cells(cells):
             meaningful = [line for line in source.split("\n") if line.strip() and not line.strip().startswith("#")]
             if not meaningful or not (_assigned(source) & needed):
                 continue
-            cell.source, cell.outputs, cell.execution_count = source, [], None
+            printed = _prints(cell.source) > _prints(source)  # some of its prints went
+            cell.source = source
+            cell.outputs = [output for output in cell.get("outputs", []) if not is_glue_output(output)
+                            and not (printed and output.output_type == "stream" and output.name == "stdout")]
         if cell.cell_type == "code":
-            needed = (needed - _assigned(cell.source)) | _loaded(cell.source)
+            reads, binds = _free_reads(cell.source)
+            needed = (needed - binds) | reads
         out.append(cell)
     return out[::-1]
+
+
+def _prints(source):
+    """How many ``print(...)`` calls ``source`` makes."""
+    tree = _code(source)
+    return sum(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+               for node in ast.walk(tree)) if tree else 0
 
 
 def fold(cell):
@@ -456,6 +507,108 @@ def _assigned(source):
 def _loaded(source):
     tree = _code(source)
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} if tree else set()
+
+
+def _stores(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _expr_reads(node, bound):
+    """Names ``node`` reads that ``bound`` does not hold (a comprehension's or a lambda's own
+    names are theirs)."""
+    if isinstance(node, ast.Name):
+        return {node.id} - bound if isinstance(node.ctx, ast.Load) else set()
+    if isinstance(node, _COMPREHENSIONS):
+        local, reads = set(bound), set()
+        for generator in node.generators:
+            reads |= _expr_reads(generator.iter, local)
+            local |= _stores(generator.target)
+            for condition in generator.ifs:
+                reads |= _expr_reads(condition, local)
+        parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+        return reads.union(*(_expr_reads(part, local) for part in parts))
+    if isinstance(node, ast.Lambda):
+        reads = set().union(*(_expr_reads(d, bound) for d in node.args.defaults + node.args.kw_defaults if d))
+        return reads | _expr_reads(node.body, bound | _arguments(node.args))
+    return set().union(*(_expr_reads(child, bound) for child in ast.iter_child_nodes(node)))
+
+
+def _arguments(args):
+    every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
+    return {a.arg for a in every}
+
+
+def _block_reads(statements, bound):
+    """Names ``statements`` read before binding them, in order; ``bound`` grows with what they
+    bind for sure (a name bound in only one branch of an ``if`` is not)."""
+    reads = set()
+    for node in statements:
+        if isinstance(node, _FUNCTIONS + (ast.ClassDef,)):
+            reads |= set().union(*(_expr_reads(d, bound) for d in node.decorator_list))
+            if isinstance(node, ast.ClassDef):
+                reads |= set().union(*(_expr_reads(b, bound) for b in node.bases + node.keywords))
+                reads |= _block_reads(node.body, set(bound))
+            else:
+                reads |= set().union(*(_expr_reads(d, bound) for d in
+                                       node.args.defaults + node.args.kw_defaults if d))
+                declared = {name for n in ast.walk(node) if isinstance(n, (ast.Global, ast.Nonlocal))
+                            for name in n.names}
+                local = (_arguments(node.args) | _stores(node) | {
+                    n.name for n in ast.walk(node) if isinstance(n, _FUNCTIONS + (ast.ClassDef,))
+                } | {(a.asname or a.name).split(".")[0] for n in ast.walk(node)
+                     if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}) - declared
+                reads |= _block_reads(node.body, bound | local)
+            bound.add(node.name)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            reads |= _expr_reads(node.iter, bound)
+            bound |= _stores(node.target)
+            reads |= _block_reads(node.body, bound) | _block_reads(node.orelse, set(bound))
+        elif isinstance(node, (ast.If, ast.While)):
+            reads |= _expr_reads(node.test, bound)
+            body, orelse = set(bound), set(bound)
+            reads |= _block_reads(node.body, body) | _block_reads(node.orelse, orelse)
+            bound |= body & orelse if isinstance(node, ast.If) else set()
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                reads |= _expr_reads(item.context_expr, bound)
+                if item.optional_vars is not None:
+                    reads |= _expr_reads(item.optional_vars, bound)
+                    bound |= _stores(item.optional_vars)
+            reads |= _block_reads(node.body, bound)
+        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            reads |= _block_reads(node.body, bound)
+            for handler in node.handlers:
+                inner = set(bound) | ({handler.name} if handler.name else set())
+                reads |= _expr_reads(handler.type, bound) if handler.type else set()
+                reads |= _block_reads(handler.body, inner)
+            reads |= _block_reads(node.orelse, bound) | _block_reads(node.finalbody, bound)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            value = [node.value] if node.value is not None else []
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            reads |= set().union(*(_expr_reads(v, bound) for v in value + targets))
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                reads |= {node.target.id} - bound
+            bound |= set().union(*(_stores(t) for t in targets))
+        else:  # an expression, return, assert, del, raise, match ...: read all, then bind
+            reads |= _expr_reads(node, bound)
+            bound |= _stores(node)
+    return reads
+
+
+def _free_reads(source):
+    """``(reads, binds)``: the names a cell reads before it binds them (what it needs from an earlier
+    cell), and those it binds for sure. Unparseable source reads every name it mentions."""
+    tree = _code(source)
+    if tree is None:
+        return _loaded(source), set()
+    bound = set()
+    return _block_reads(tree.body, bound), bound
 
 
 def _check_uses(cells, names, path):
