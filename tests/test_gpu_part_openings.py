@@ -35,6 +35,23 @@ def test_each_diagram_draws_labelled_boxes(draw):
     plt.close(fig)
 
 
+def test_the_tile_stream_sends_v_to_the_running_sum():
+    """An arrow in the values' colour ends at the running-state box, above the K arrow's
+    end at the scores."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import FancyArrowPatch
+
+    fig = diagrams.plot_tile_stream()
+    ax = fig.axes[0]
+    ends = {colour: [a._posA_posB[1][0] for a in ax.patches
+                     if isinstance(a, FancyArrowPatch)
+                     and a.get_edgecolor() == to_rgba(colour)]
+            for colour in (diagrams.KEY, diagrams.VALUE)}
+    assert len(ends[diagrams.VALUE]) == 1 and len(ends[diagrams.KEY]) == 1
+    assert ends[diagrams.VALUE][0] > 8.2 > ends[diagrams.KEY][0]  # the running box's left
+    plt.close(fig)
+
+
 def test_the_tile_stream_needs_two_key_tiles():
     with pytest.raises(ValueError, match="n_key_tiles"):
         diagrams.plot_tile_stream(n_key_tiles=1)

@@ -86,7 +86,8 @@ def plot_naive_vs_fused(figsize=(10, 4.2)):
 
 def plot_tile_stream(n_key_tiles=5, figsize=(9.5, 4.4)):
     """One tile of queries held on the chip while tiles of keys and values stream past;
-    each tile of keys updates the running m, l and a of every query row of the tile."""
+    each tile of keys gives scores, and their weights times the tile of values update the
+    running m, l and a of every query row of the tile."""
     if n_key_tiles < 2:
         raise ValueError(f"n_key_tiles must be at least 2, got {n_key_tiles}")
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
@@ -110,7 +111,12 @@ def plot_tile_stream(n_key_tiles=5, figsize=(9.5, 4.4)):
         label = "done" if done else ("now" if current else "next")
         ax.text(x + tile_w / 2, 1.75, label, ha="center", fontsize=7, color="#444444")
         if current:
-            _arrow(ax, (x + tile_w / 2, 1.95), (6.1, 3.45))
+            # K meets the queries in the scores; V goes to the weighted sum a
+            _arrow(ax, (x + 0.45, 1.95), (5.9, 3.45), colour=KEY)
+            ax.text(x + 0.2, 2.5, "K", ha="right", va="center", fontsize=8, color=KEY)
+            _arrow(ax, (x + tile_w - 0.3, 1.95), (8.9, 3.45), colour=VALUE)
+            ax.text(x + tile_w + 0.35, 2.25, "V", ha="left", va="center", fontsize=8,
+                    color=VALUE)
     # the query tile, held for the whole loop
     _box(ax, 0.6, 3.5, 1.8, 1.8, QUERY, "tile of\nqueries\n(held)", fontsize=8,
          color="white")
@@ -121,8 +127,9 @@ def plot_tile_stream(n_key_tiles=5, figsize=(9.5, 4.4)):
     _box(ax, 8.2, 3.5, 3.2, 1.8, "white", "running, per query row:\nmax m, sum ℓ,\n"
          "weighted sum a", fontsize=8)
     _arrow(ax, (6.9, 4.4), (8.1, 4.4))
-    ax.text(9.8, 2.55, "after the last tile: O = a / ℓ, written once", ha="center",
-            fontsize=8)
+    ax.text(7.5, 4.6, "weights", ha="center", fontsize=7)
+    ax.text(10.2, 2.55, "after the last tile:\nO = a / ℓ, written once", ha="center",
+            va="center", fontsize=8)
     ax.set_title("A fused kernel: a tile of queries stays on the chip, "
                  "tiles of keys and values stream past", fontsize=10)
     return fig
