@@ -185,3 +185,15 @@ def test_the_clock_arithmetic_examples_in_the_docstrings_hold():
     import doctest
 
     assert doctest.testmod(devices).attempted >= 2 and doctest.testmod(devices).failed == 0
+
+
+def test_a_table_without_the_measured_column_keeps_every_other_column():
+    stamp, rows = gpu_results.load("fwdbwd_d64")
+    full = gpu_figures.format_table(stamp, rows, T=4096, d=64, kernels=["sdpa-flash", "triton"])
+    short = gpu_figures.format_table(stamp, rows, T=4096, d=64, kernels=["sdpa-flash", "triton"],
+                                     measured=False)
+    assert "of measured" in full and "of measured" not in short
+    assert "of datasheet" in short and "memory" in short
+    for line_full, line_short in zip(full.splitlines()[3:5], short.splitlines()[3:5]):
+        assert len(line_short) == len(line_full) - 13  # one 13-character column fewer
+        assert line_short.split()[:5] == line_full.split()[:5]

@@ -139,11 +139,12 @@ def torch_naive_bytes(B, H, T, d, itemsize, causal=False):
     return vectors + matrix
 
 
-def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=None, reference="sdpa-flash"):
+def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=None, reference="sdpa-flash",
+                 measured=True):
     """The kernels at one shape as text: median time, speed against ``reference``, achieved TFLOP/s,
-    its fraction of the datasheet's and of the measured peak, and the peak extra memory. A kernel that
-    did not run says why. The first line is the file's stamp (:func:`caption`) after "measured on: ",
-    the last a legend."""
+    its fraction of the datasheet's and (unless ``measured`` is False) of the measured peak, and the
+    peak extra memory. A kernel that did not run says why. The first line is the file's stamp
+    (:func:`caption`) after "measured on: ", the last a legend."""
     chosen = [r for r in rows if r["T"] == T and r["d"] == d and r["causal"] == causal and r["dtype"] == dtype
               and (kernels is None or r["kernel"] in kernels)]
     if not chosen:
@@ -153,8 +154,8 @@ def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=No
     first = chosen[0]
     lines = [f"measured on: {caption(stamp, dtype)}",
              f"{first['direction']}, B={first['B']} H={first['H']} T={T} d={d}{', causal' if causal else ''}",
-             f"{'kernel':<15}{'ms':>9}{'speed':>8}{'TFLOP/s':>9}{'of datasheet':>14}{'of measured':>13}"
-             f"{'memory':>11}"]
+             f"{'kernel':<15}{'ms':>9}{'speed':>8}{'TFLOP/s':>9}{'of datasheet':>14}"
+             + (f"{'of measured':>13}" if measured else "") + f"{'memory':>11}"]
     reference_ms = next((r["time_ms"] for r in chosen if r["kernel"] == reference and r["status"] == "ok"), None)
     for r in chosen:
         if r["status"] != "ok":
@@ -165,12 +166,16 @@ def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=No
         mib = r["peak_extra_bytes"] / 2**20
         memory = f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
         lines.append(f"{r['kernel']:<15}{r['time_ms']:>9.3f}{speed:>8}{r['tflop_per_s']:>9.0f}"
-                     f"{_percent(r['fraction_of_peak']):>14}{_percent(r['fraction_of_measured_peak']):>13}"
-                     f"{memory:>11}")
+                     f"{_percent(r['fraction_of_peak']):>14}"
+                     + (f"{_percent(r['fraction_of_measured_peak']):>13}" if measured else "")
+                     + f"{memory:>11}")
     if reference_ms is not None:
         lines += [f"speed: {reference}'s time over the kernel's (above 1: faster than {reference})",
-                  "of datasheet, of measured: TFLOP/s over the datasheet's peak, and over the matrix",
-                  "  product measured in the same run; memory: the most one call held beyond its inputs"]
+                  *(["of datasheet, of measured: TFLOP/s over the datasheet's peak, and over the matrix",
+                     "  product measured in the same run; memory: the most one call held beyond its inputs"]
+                    if measured else
+                    ["of datasheet: TFLOP/s over the datasheet's peak; memory: the most one call held",
+                     "  beyond its inputs"])]
     return "\n".join(lines)
 
 
