@@ -28,3 +28,15 @@ def test_stored_plain_rows_ran_the_backends_blocks():
         expected = tiled.BLOCK_SIZE if r["mod"].startswith("plain") else 128
         assert r["block_size"] == expected, r["mod"]
         assert r["sparsity"] == round(100 * (1 - r["tiles"] / r["tiles_total"]), 3)
+
+
+def test_partial_tiles_are_the_ones_the_mask_cuts_through():
+    def row(mod, block_size=128):
+        return {"mod": mod, "T": 2048, "block_size": block_size}
+
+    assert sparsity.partial_tiles(row("every tile")) == 0
+    assert sparsity.partial_tiles(row("document(8)")) == 0  # documents of 256: whole tiles
+    assert sparsity.partial_tiles(row("causal")) == 16  # the diagonal
+    assert sparsity.partial_tiles(row("causal & document(8)")) == 16  # each document's diagonal
+    assert sparsity.partial_tiles(row("plain, no mask", 1024)) == 0
+    assert sparsity.partial_tiles(row("plain, causal=True", 1024)) == 2

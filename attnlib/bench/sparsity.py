@@ -63,6 +63,17 @@ def plain_tiles(T, block_size, causal):
     return visited, n_blocks * n_blocks
 
 
+def partial_tiles(row):
+    """How many of a row's computed tiles are partial: the mask cuts through them, so it is applied
+    entry by entry (a full tile skips it). The plain loop's partial tiles are the causal diagonal's."""
+    T, size = row["T"], row["block_size"]
+    if row["mod"].startswith("plain"):
+        causal = row["mod"] == "plain, causal=True"
+        return sum(on_diagonal for i0 in range(0, T, size)
+                   for _, _, on_diagonal in tiled.key_blocks(i0, min(size, T - i0), T, size, causal))
+    return int(block_mask(gallery(T)[row["mod"]], 1, 1, T, T, block_size=size).partial.sum())
+
+
 def run(T=2048, n_heads=4, head_dim=64, block_size=128, budget_s=4.0, progress=print):
     """One row per mod of :func:`gallery`, timed in turns."""
     rng = np.random.default_rng(0)
