@@ -29,7 +29,7 @@
     prev.addEventListener("click", function () { show(Number(slider.value) - 2); });
     next.addEventListener("click", function () { show(Number(slider.value)); });
     slider.addEventListener("input", function () { show(Number(slider.value) - 1); });
-    show(0);
+    show(%(start)d);
   }
   var readout = root.querySelector(".attn-readout");
   if (readout) {

@@ -55,12 +55,16 @@ class InteractiveFigure:
         The HTML, inline CSS and JavaScript included.
     """
 
-    def __init__(self, kind, title, frames_html, *, readout=None, draw_static=None, slider_label="frame"):
+    def __init__(self, kind, title, frames_html, *, readout=None, draw_static=None, slider_label="frame",
+                 start=0):
         self.kind = kind
         self.title = title
         self.frames = len(frames_html)
+        if not 0 <= start < self.frames:
+            raise ValueError(f"start must be a frame index from 0 to {self.frames - 1}, got {start}")
+        self.start = start
         body = "".join(
-            f'<div class="attn-frame" data-title="{_attr(frame_title)}"{" hidden" if k else ""}>'
+            f'<div class="attn-frame" data-title="{_attr(frame_title)}"{" hidden" if k != start else ""}>'
             f"{content}</div>"
             for k, (frame_title, content) in enumerate(frames_html)
         )
@@ -68,7 +72,7 @@ class InteractiveFigure:
             body += f'<p class="attn-readout" aria-live="polite">{html.escape(readout)}</p>'
         digest = hashlib.sha1(f"{kind}|{title}|{body}".encode()).hexdigest()[:12]
         self.id = f"attn-{kind}-{digest}"
-        script = SCRIPT % {"id": self.id, "slider_label": _attr(slider_label)}
+        script = SCRIPT % {"id": self.id, "slider_label": _attr(slider_label), "start": start}
         self.html = (
             f'<div class="attn-interactive attn-{kind}" id="{self.id}" data-frames="{self.frames}">'
             f"<style>{CSS.strip()}</style>"
@@ -371,17 +375,24 @@ def online_softmax_trace(scores, values, *, block_size, key_tokens, query_token)
 
 
 def softmax_temperature(scores, tokens, factors=(0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0), *,
-                        query_token=None):
+                        query_token=None, start_factor=None):
     """Slide a factor c that multiplies a row of scores and watch softmax(c * scores) sharpen.
 
     Small c flattens the weights towards uniform; large c pushes nearly all the weight
-    onto the largest score (softmax saturates).
+    onto the largest score (softmax saturates). ``start_factor``, one of ``factors``, is
+    the frame the figure opens on (the first factor if None).
     """
     scores = np.asarray(scores, dtype=float)
     tokens = list(tokens)
     if scores.shape != (len(tokens),):
         raise ValueError(f"scores has shape {scores.shape} but there are {len(tokens)} tokens")
     factors = [float(c) for c in factors]
+    if start_factor is None:
+        start = 0
+    elif not any(np.isclose(float(start_factor), c) for c in factors):
+        raise ValueError(f"start_factor must be one of factors {factors}, got {start_factor}")
+    else:
+        start = next(k for k, c in enumerate(factors) if np.isclose(float(start_factor), c))
     who = f" of \u201c{html.escape(query_token)}\u201d" if query_token else ""
     frames = []
     for c in factors:
@@ -403,4 +414,4 @@ def softmax_temperature(scores, tokens, factors=(0.125, 0.25, 0.5, 1.0, 2.0, 4.0
         return plot_softmax_temperature(scores, tokens, factors)
 
     return InteractiveFigure("temperature", "How a factor c on the scores sharpens the softmax",
-                             frames, draw_static=draw, slider_label="factor c")
+                             frames, draw_static=draw, slider_label="factor c", start=start)

@@ -129,3 +129,17 @@ def test_every_figure_has_a_static_twin_for_notebook_readers(figure):
     fig = figure.static_figure()
     assert fig.axes
     plt.close(fig)
+
+
+def test_the_temperature_figure_opens_on_the_factor_asked_for():
+    default = interactive.softmax_temperature([2.0, 4.0, 6.0], ["a", "b", "c"])
+    figure = interactive.softmax_temperature([2.0, 4.0, 6.0], ["a", "b", "c"], start_factor=0.5)
+    frames = re.findall(r'<div class="attn-frame" data-title="([^"]*)"([^>]*)>', figure.html)
+    shown = [title for title, rest in frames if "hidden" not in rest]
+    assert shown == ["c = 0.5"]
+    assert "show(2);" in figure.html and "show(0);" in default.html
+    assert figure.id != default.id
+    with pytest.raises(ValueError, match="start_factor must be one of factors"):
+        interactive.softmax_temperature([2.0, 4.0, 6.0], ["a", "b", "c"], start_factor=0.3)
+    with pytest.raises(ValueError, match="start must be a frame index"):
+        interactive.InteractiveFigure("x", "t", [("a", "")], start=1)
