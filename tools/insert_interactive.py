@@ -36,13 +36,14 @@ STAGES = [
 
 TEMPERATURE = [
     ("markdown", "interactive-temperature-intro", [],
-     "Dividing by $\\sqrt{d_k}$ multiplies every score by the same factor $c$. Slide $c$ and "
-     "watch the weights: a small $c$ flattens them towards uniform, a large one puts nearly "
-     "all the weight on the largest score. The row scaled by $1/\\sqrt{d_k}$ above is one "
-     "position of the slider:"),
+     "Dividing by $\\sqrt{d_k}$ multiplies every score by one factor $c$. Slide $c$: a small "
+     "$c$ flattens the weights towards uniform, a large one piles them on the largest score. "
+     "The slider opens where scaling puts it, $c = 1/\\sqrt{d_k} =$ "
+     "{glue:text}`example_factor:.1f`:"),
     ("code", "interactive-temperature-static", ["remove-cell"],
      "from attnlib import interactive\n\n"
-     "factor_slider = interactive.softmax_temperature(example_scores, tokens)\n"
+     "factor_slider = interactive.softmax_temperature(\n"
+     "    example_scores, tokens, start_factor=1 / np.sqrt(example_d_k)\n)\n"
      "factor_slider.static_figure()  # the static version, for readers of the notebook\n"
      "plt.show()"),
     ("code", "interactive-temperature", ["remove-input"], "factor_slider"),
