@@ -205,8 +205,9 @@ induction_targets = FunctionExercise(
     title="Where an induction head looks",
     kind="implement",
     task=(
-        "An induction head at position i finds the most recent earlier position j < i that holds the "
-        "same token as i, and reads the token *after* it, at j + 1, to predict what comes next. Write "
+        "An induction head at position i finds an earlier position j < i that holds the same token "
+        "as i, and reads the token *after* it, at j + 1, to predict what comes next. Where the token "
+        "occurred more than once before, take the most recent occurrence. Write "
         "`induction_targets(tokens)` that takes a 1-D array of token ids and returns, for every "
         "position i, that position j + 1, or -1 where the token at i did not occur before."
     ),
@@ -244,8 +245,11 @@ induction_targets = FunctionExercise(
     rtol=0,
     atol=0,
     explanation=(
-        "Within a repeated segment, j + 1 is exactly where the next token was the first time, so copying "
-        "it predicts the repeat. A trained induction head does this with two heads: one in the first "
+        "When the current token occurred only once before, as each letter of the chapter's example "
+        "segment did, j + 1 is exactly where the next token was the first time, so copying it predicts "
+        "the repeat. When it occurred more than once, as 5 does in [5, 1, 5, 2, 5], the token after its "
+        "most recent occurrence need not be the one that comes next, and the rule can guess wrong. A "
+        "trained induction head follows the rule with two heads: one in the first "
         "layer writes into every position which token came before it, and one in the second layer "
         "matches the current token against those, then copies the token it finds."
     ),
