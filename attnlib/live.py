@@ -264,7 +264,8 @@ def pointer_live(model, *, animal="animal", place="street", adjective="tired", t
     body = (f'<p>“<span data-role="sentence">{html.escape(" ".join(words))}</span>”: the pointer picks '
             f'“<span data-role="pick">{html.escape(words[best])}</span>” with weight '
             f'{_value("pick-p", state["pointer"][best], 3)}; <span data-role="verdict"></span></p>'
-            '<div class="attn-live-grid"><p>(the page draws each head\'s row of “it” here)</p></div>')
+            '<div class="attn-live-grid"><p>(The weights of “it” in the pointer and in each head '
+            'appear here as a table when the page\'s JavaScript runs.)</p></div>')
 
     def draw():
         from .plotting import plot_attention

@@ -204,8 +204,9 @@ fix_zero_grad = FunctionExercise(
     title="Find the bug: a loss that stops making sense",
     kind="find the bug",
     task=(
-        "This loop trains without an error, and its first loss is right, but every later step "
-        "moves the weights in the wrong direction. Find the missing line and add it. A useful check: "
+        "This loop trains without an error, and its first step is right, but every later step "
+        "is steered by the gradients of earlier batches as well as its own. Find the missing line "
+        "and add it. A useful check: "
         "print the gradient norm of one parameter after each `backward()`."
     ),
     starter=_SHIPPED_NO_ZERO_GRAD,
@@ -236,8 +237,8 @@ fix_zero_grad = FunctionExercise(
         "`loss.backward()` *adds* the new gradient to each parameter's `.grad`, so that gradients "
         "of several backward passes can be summed on purpose. A training step must therefore start "
         "by clearing them with `optimizer.zero_grad()`. Without it, `.grad` keeps a running sum of "
-        "every gradient so far, and step n follows that sum rather than this batch's gradient: "
-        "the wrong direction. The size of the step is not what goes wrong: clipping rescales the "
+        "every gradient so far, and step n follows that sum rather than this batch's gradient: a "
+        "direction that mixes stale gradients of old batches into this one. The size of the step is not what goes wrong: clipping rescales the "
         "sum in `.grad` to a norm of at most 1, and Adam sizes each weight's step from its recent "
         "gradients anyway."
     ),
