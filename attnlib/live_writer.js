@@ -224,6 +224,8 @@
       var out = root.querySelector('[data-role="text"]');
       out.setAttribute("data-value", written);
       out.textContent = written;
+      var settings = root.querySelector(".attn-live-settings");  // the settings shown
+      if (settings) settings.textContent = "temperature " + temperature.value + ", seed " + seed.value.trim();
       root.querySelector('[data-role="logits"]').setAttribute("data-value", Array.prototype.join.call(result.logits, ","));
       var map = result.maps[lh[0]][lh[1]], all = result.tokens.slice(0, result.tokens.length - 1);
       var seen = all.slice(all.length - map.length);

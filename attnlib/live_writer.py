@@ -210,7 +210,9 @@ def writer_live(model, vocab, prompt="And God said", *, temperature=0.8, seed=1,
                 f'<label>temperature<select class="attn-live-temperature">{options}</select></label>'
                 f'<label>seed<input type="text" inputmode="numeric" class="attn-live-seed" value="{int(seed)}" '
                 f'size="10"></label><label>head<select class="attn-live-head">{heads}</select></label>')
-    body = (f'<p>the model writes on: <span class="attn-live-written" data-role="text" '
+    body = (f'<p>the model writes on, at <span class="attn-live-settings">temperature '
+            f'{float(temperature):g}, seed {int(seed)}</span>: '
+            f'<span class="attn-live-written" data-role="text" '
             f'data-value="{html.escape(state["text"])}" style="white-space:pre-wrap">'
             f'{html.escape(state["text"])}</span></p>'
             '<span data-role="logits" data-value="" hidden></span>'

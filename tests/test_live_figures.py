@@ -5,6 +5,7 @@ into the fields (tests/live_driver.py) and compare every number the page compute
 with the Python functions, to 1e-6, for random inputs, held-out sequences and bad input.
 """
 
+import html
 import re
 
 import numpy as np
@@ -319,6 +320,18 @@ def test_the_writer_figure_is_small_self_contained_and_deterministic(gpt_seed_0)
         live_writer.writer_live(*gpt_seed_0, temperature=0.7)
     with pytest.raises(ValueError, match="head must be"):
         live_writer.writer_live(*gpt_seed_0, head=(2, 0))
+
+
+def test_the_writers_page_text_names_the_settings_it_was_written_at(gpt_seed_0):
+    from attnlib import live_writer
+
+    for temperature, seed in ((0.8, 1), (0.0, 7)):
+        figure = live_writer.writer_live(*gpt_seed_0, temperature=temperature, seed=seed, n_new=20)
+        text = live_writer.writer_state(dict(live_writer.export_writer(*gpt_seed_0), n_new=20),
+                                        "And God said", temperature, seed, 20)["text"]
+        settings = f"temperature {temperature:g}, seed {seed}</span>: "
+        assert settings in figure.html  # before the text, read without scripts
+        assert figure.html.index(settings) < figure.html.index(html.escape(text))
 
 
 def test_the_writers_static_figure_shows_the_text_and_the_heads_weights(gpt_seed_0):
