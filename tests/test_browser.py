@@ -55,8 +55,11 @@ REACT_JS = """(() => {
             if (next) next.click();
             const after = [root.dataset.frame, visible()];
             const slider = root.querySelector("input.attn-slider");
-            results.push({id: root.id, kind: "frames", ok: !!next && !!slider && before[0] === "1"
-                && after[0] === "2" && before[1] === 0 && after[1] === 1});
+            // a figure may open on any frame (data-frame counts from 1): "next" shows the one after it
+            const opened = Number(before[0]);
+            results.push({id: root.id, kind: "frames", ok: !!next && !!slider && opened >= 1
+                && opened < frames && before[1] === opened - 1 && Number(after[0]) === opened + 1
+                && after[1] === opened});
         }
         const readout = root.querySelector(".attn-readout");
         if (readout) {
