@@ -140,11 +140,12 @@ def torch_naive_bytes(B, H, T, d, itemsize, causal=False):
 
 
 def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=None, reference="sdpa-flash",
-                 measured=True):
+                 measured=True, header=True):
     """The kernels at one shape as text: median time, speed against ``reference``, achieved TFLOP/s,
     its fraction of the datasheet's and (unless ``measured`` is False) of the measured peak, and the
     peak extra memory. A kernel that did not run says why. The first line is the file's stamp
-    (:func:`caption`) after "measured on: ", the last a legend."""
+    (:func:`caption`) after "measured on: " (left out if ``header`` is False, for a page that
+    prints its stamp once), the last a legend."""
     chosen = [r for r in rows if r["T"] == T and r["d"] == d and r["causal"] == causal and r["dtype"] == dtype
               and (kernels is None or r["kernel"] in kernels)]
     if not chosen:
@@ -152,8 +153,8 @@ def format_table(stamp, rows, *, T, d, causal=False, dtype="float16", kernels=No
     if kernels is not None:
         chosen.sort(key=lambda r: list(kernels).index(r["kernel"]))
     first = chosen[0]
-    lines = [f"measured on: {caption(stamp, dtype)}",
-             f"{first['direction']}, B={first['B']} H={first['H']} T={T} d={d}{', causal' if causal else ''}",
+    lines = [f"measured on: {caption(stamp, dtype)}"] if header else []
+    lines += [f"{first['direction']}, B={first['B']} H={first['H']} T={T} d={d}{', causal' if causal else ''}",
              f"{'kernel':<15}{'ms':>9}{'speed':>8}{'TFLOP/s':>9}{'of datasheet':>14}"
              + (f"{'of measured':>13}" if measured else "") + f"{'memory':>11}"]
     reference_ms = next((r["time_ms"] for r in chosen if r["kernel"] == reference and r["status"] == "ok"), None)

@@ -45,12 +45,10 @@ attention_flops = ValueExercise(
     title="Count the FLOPs",
     kind="by hand",
     task=(
-        "The forward pass of attention does two matrix products, $QK^\\top$ and $AV$, each "
-        "$2 \\cdot T^2 \\cdot d$ floating-point operations per head and sequence (one multiply and one "
-        "add per term), so $4 \\cdot B \\cdot H \\cdot T^2 \\cdot d$ in all; the softmax is small in "
-        "comparison. A causal mask lets each query skip the keys after it: count that as half the work. "
-        "How many FLOPs does a **causal** forward pass take for $B = 8$ sequences, $H = 16$ heads, "
-        "$T = 4096$ tokens and $d = 64$? Three significant figures are enough."
+        "How many floating-point operations (FLOPs) does a **causal** forward pass of attention "
+        "take for $B = 8$ sequences, $H = 16$ heads, $T = 4096$ tokens and head width $d = 64$? "
+        "Count the two matrix products only (a multiply-add is two FLOPs) and leave out the "
+        "softmax, as this chapter does. Three significant figures are enough."
     ),
     starter="answer = ...  # a number, e.g. 1.23e12",
     solution=(
@@ -63,7 +61,9 @@ attention_flops = ValueExercise(
     expected=lambda: forward_flops(**FLOPS_CONFIG, causal=True),
     rtol=5e-3,
     tolerance_text="to 3 significant figures",
-    hint="multiply 4, B, H, T squared and d, then account for the causal mask",
+    hint=("count the multiply-adds of $QK^\\top$ and of $AV$ for one head and one sequence, "
+          "as the section *What one forward pass costs* does, then scale up and ask what a "
+          "causal mask skips"),
     mistakes={
         "not_halved": Mistake(
             lambda: forward_flops(**FLOPS_CONFIG),
