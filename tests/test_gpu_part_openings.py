@@ -113,3 +113,22 @@ def test_the_appendix_shows_no_glue_and_runs_clean():
     text = "".join(source(c) for c in appendix if c["cell_type"] == "markdown")
     for topic in ("throttle", "flag", "git commit", "tools/gpu_run.sh", "do_bench"):
         assert topic in text, topic
+
+
+def test_the_backward_flow_sends_k_to_dq_and_q_to_dk():
+    """dQ = scale · dS̃ K reads K, and dK = scale · dS̃ᵀ Q reads Q: an arrow in the keys'
+    colour ends at dQ's box, one in the queries' colour at dK's, lower down."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import FancyArrowPatch
+
+    fig = diagrams.plot_backward_flow()
+    ax = fig.axes[0]
+    ends = {colour: [a._posA_posB[1] for a in ax.patches
+                     if isinstance(a, FancyArrowPatch)
+                     and a.get_edgecolor() == to_rgba(colour)]
+            for colour in (diagrams.KEY, diagrams.QUERY)}
+    assert len(ends[diagrams.KEY]) == 1 and len(ends[diagrams.QUERY]) == 1
+    (kx, ky), (qx, qy) = ends[diagrams.KEY][0], ends[diagrams.QUERY][0]
+    assert kx >= 10.4 and qx >= 10.4  # the gradients' boxes start at x = 10.5
+    assert 3.2 < ky < 4.0 and 1.7 < qy < 2.5  # dQ's box, then dK's
+    plt.close(fig)

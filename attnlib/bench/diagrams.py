@@ -155,7 +155,8 @@ def plot_backward_flow(figsize=(10, 4.6)):
     ax.text(5.0, 6.0, "from the loss", ha="center", fontsize=8)
     node(5.0, 5.1, "dO", "#fdd0a2")
     # recomputed
-    ax.text(7.3, 3.75, "recomputed, a block at a time", ha="center", fontsize=8)
+    ax.text(7.3, 3.5, "recomputed, a block at a time", ha="center", va="center",
+            fontsize=8)
     node(4.0, 2.9, "S → P", SCORE, color="white")
     node(6.2, 1.8, "D = rowsum(dO∘O)", w=2.6)
     node(6.3, 2.9, "dP = dO Vᵀ")
@@ -178,6 +179,10 @@ def plot_backward_flow(figsize=(10, 4.6)):
     _arrow(ax, (5.7, 5.1), (10.55, 5.1), colour="#636363")  # dO to dV
     _arrow(ax, (9.8, 2.95), (10.45, 3.5), colour=SCORE)
     _arrow(ax, (9.8, 2.85), (10.45, 2.2), colour=SCORE)
+    # each of dQ and dK also reads the other side's inputs: dQ needs K, dK needs Q
+    _arrow(ax, (1.95, 4.1), (10.5, 3.8), colour=KEY, connectionstyle="arc3,rad=-0.04")
+    _arrow(ax, (1.95, 5.3), (10.5, 2.3), colour=QUERY,
+           connectionstyle="arc3,rad=-0.41")
     ax.set_title("The backward pass: the T × T blocks (red) exist only inside one "
                  "block's work", fontsize=10)
     return fig
