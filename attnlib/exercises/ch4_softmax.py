@@ -398,9 +398,8 @@ scale_by_d_k = ChoiceExercise(
         "$1/\\sqrt{d_k}$. For wide heads every score is then close to 0 and the softmax close to uniform: "
         "the layer can hardly prefer one key to another. For queries and keys whose entries are "
         "independent, as here and in a layer at initialisation, only $1/\\sqrt{d_k}$ keeps the spread "
-        "near 1 whatever the width. Training can change that: once $q$ and $k$ point the same way, "
-        "$q \\cdot k$ grows like $d_k$, and some recipes for very wide models divide by $d_k$ "
-        "for that reason."
+        "near 1 whatever the width. Training then changes the weights, but every width starts "
+        "from scores of the same size."
     ),
 )
 
