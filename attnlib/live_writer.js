@@ -214,7 +214,7 @@
       else if (ids.length < 1) error = "type at least one character";
       else if (ids.length > m.window) error = "at most " + m.window + " characters (got " + ids.length + ")";
       var s = Number(seed.value);
-      if (!error && !(/^\d+$/.test(seed.value.trim()) && s <= 4294967295)) error = "seed: a whole number from 0 to 4294967295";
+      if (!error && !(/^\d+$/.test(seed.value.trim()) && s <= 4294967295)) error = "sampling seed: a whole number from 0 to 4294967295";
       message.textContent = error;
       root.classList.toggle("attn-live-invalid", !!error);
       if (error) return;
@@ -225,7 +225,7 @@
       out.setAttribute("data-value", written);
       out.textContent = written;
       var settings = root.querySelector(".attn-live-settings");  // the settings shown
-      if (settings) settings.textContent = "temperature " + temperature.value + ", seed " + seed.value.trim();
+      if (settings) settings.textContent = "temperature " + temperature.value + ", sampling seed " + seed.value.trim();
       root.querySelector('[data-role="logits"]').setAttribute("data-value", Array.prototype.join.call(result.logits, ","));
       var map = result.maps[lh[0]][lh[1]], all = result.tokens.slice(0, result.tokens.length - 1);
       var seen = all.slice(all.length - map.length);

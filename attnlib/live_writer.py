@@ -1,6 +1,7 @@
 """The GPT that writes, live: chapter 10's model continues the reader's text in the page.
 
-The reader types a prompt, picks a temperature, a seed and a head; the page runs the trained
+The reader types a prompt, picks a temperature, a sampling seed (for the random draw, not the
+model's training seed) and a head; the page runs the trained
 character-level GPT (:mod:`attnlib.learn.gpt`) in JavaScript (``attnlib/live_writer.js``), one
 token at a time with a KV cache whose last ``WINDOW`` positions each layer keeps, exactly as
 :func:`attnlib.sampling.generate` with ``window=WINDOW``, and draws each next character with the
@@ -208,10 +209,10 @@ def writer_live(model, vocab, prompt="And God said", *, temperature=0.8, seed=1,
                 f'maxlength="{config["window"]}" autocomplete="off" spellcheck="false">'
                 f'{html.escape(prompt)}</textarea></label>'
                 f'<label>temperature<select class="attn-live-temperature">{options}</select></label>'
-                f'<label>seed<input type="text" inputmode="numeric" class="attn-live-seed" value="{int(seed)}" '
+                f'<label>sampling seed<input type="text" inputmode="numeric" class="attn-live-seed" value="{int(seed)}" '
                 f'size="10"></label><label>head<select class="attn-live-head">{heads}</select></label>')
     body = (f'<p>the model writes on, at <span class="attn-live-settings">temperature '
-            f'{float(temperature):g}, seed {int(seed)}</span>: '
+            f'{float(temperature):g}, sampling seed {int(seed)}</span>: '
             f'<span class="attn-live-written" data-role="text" '
             f'data-value="{html.escape(state["text"])}" style="white-space:pre-wrap">'
             f'{html.escape(state["text"])}</span></p>'
@@ -235,7 +236,7 @@ def writer_live(model, vocab, prompt="And God said", *, temperature=0.8, seed=1,
         top.axis("off")
         top.text(0, 1, "\n".join(lines), family="monospace", fontsize=8, va="top")
         top.set_title(f"the model writes on \u201c{shown(prompt)}\u201d (temperature {float(temperature):g}, "
-                      f"seed {int(seed)})", fontsize=10, loc="left")
+                      f"sampling seed {int(seed)})", fontsize=10, loc="left")
         bottom.imshow(weights[None, :] / weights.max(), cmap="Blues", vmin=0, vmax=1.6, aspect="auto")
         for j, t in enumerate(seen):
             bottom.text(j, 0, shown(vocab[t]), ha="center", va="center", family="monospace", fontsize=7)

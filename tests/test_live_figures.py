@@ -329,7 +329,7 @@ def test_the_writers_page_text_names_the_settings_it_was_written_at(gpt_seed_0):
         figure = live_writer.writer_live(*gpt_seed_0, temperature=temperature, seed=seed, n_new=20)
         text = live_writer.writer_state(dict(live_writer.export_writer(*gpt_seed_0), n_new=20),
                                         "And God said", temperature, seed, 20)["text"]
-        settings = f"temperature {temperature:g}, seed {seed}</span>: "
+        settings = f"temperature {temperature:g}, sampling seed {seed}</span>: "
         assert settings in figure.html  # before the text, read without scripts
         assert figure.html.index(settings) < figure.html.index(html.escape(text))
 
