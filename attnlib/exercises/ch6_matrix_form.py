@@ -152,11 +152,9 @@ additive_mask = FunctionExercise(
     title="From a boolean mask to an additive one",
     kind="implement",
     task=(
-        "attnlib and PyTorch's `torch.nn.functional.scaled_dot_product_attention` accept a boolean "
-        "mask, `True` where a query may attend, or a float mask that is *added* to the scores. "
-        "(`scaled_dot_product_attention` is a *fused* attention function: one call computes the whole "
-        "of $\\operatorname{softmax}(QK^\\top/\\sqrt{d_k})\\,V$, where it can, in one pass that never "
-        "stores the $T \\times T$ weights.) Write "
+        "attnlib and PyTorch's `torch.nn.functional.scaled_dot_product_attention` (one call that "
+        "computes all of $\\operatorname{softmax}(QK^\\top/\\sqrt{d_k})\\,V$) accept a boolean mask, "
+        "`True` where a query may attend, or a float mask that is *added* to the scores. Write "
         "`my_additive_mask(mask)` that turns a boolean mask into the float one: `0.0` where the mask "
         "is `True`, `-inf` where it is `False`, same shape."
     ),
