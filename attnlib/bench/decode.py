@@ -36,7 +36,6 @@ it as None).
 
 import argparse
 import csv
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,16 +362,8 @@ def run_window(options, progress=print):
 
 def write_decode_results(path, stamp, rows):
     """Write ``rows`` as CSV, the stamp repeated on every line, atomically (as the main benchmark does)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
     stamp_columns = [name for name in DECODE_STAMP_COLUMNS if name in stamp]
-    with open(partial, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*DECODE_COLUMNS, *stamp_columns])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**{name: stamp[name] for name in stamp_columns}, **row})
-    os.replace(partial, path)
+    report.write_stamped_csv(path, DECODE_COLUMNS, stamp, stamp_columns, rows)
 
 
 def read_decode_results(path):

@@ -169,6 +169,21 @@ def write_csv(path, stamp, rows):
             writer.writerow({**{name: stamp[name] for name in STAMP_COLUMNS}, **row})
 
 
+def write_stamped_csv(path, columns, stamp, stamp_columns, rows):
+    """Write ``rows`` as CSV over ``columns``, then ``stamp_columns`` with the stamp's values repeated
+    on every line (empty where the stamp lacks one); atomically, like :func:`write_results`. The
+    sparsity, decode and chapter 7 seed files are written this way."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*columns, *stamp_columns])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**{name: stamp.get(name, "") for name in stamp_columns}, **row})
+    os.replace(partial, path)
+
+
 def write_results(path, stamp, rows, fmt=None):
     """Write ``rows`` to ``path`` as "csv" or "json" (default: from the file's suffix).
 

@@ -16,7 +16,6 @@ skipped) and the tiles computed, so the time can be set against the work. The ru
 
 import argparse
 import csv
-import os
 import sys
 from pathlib import Path
 
@@ -116,15 +115,7 @@ def run(T=2048, n_heads=4, head_dim=64, block_size=128, budget_s=4.0, progress=p
 
 def write(path, stamp, rows):
     """The rows as CSV, the stamp's fields repeated on every line."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS + STAMP_COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, **{name: stamp.get(name, "") for name in STAMP_COLUMNS}})
-    os.replace(partial, path)
+    report.write_stamped_csv(path, COLUMNS, stamp, STAMP_COLUMNS, rows)
 
 
 def read(path):

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..bench import report
 from ..provenance import stamp
 
 SEEDS = tuple(range(8))
@@ -193,15 +194,7 @@ def run_all(seeds=SEEDS, progress=print):
 
 def write_seed_runs(path, run_stamp, rows):
     """Write ``rows`` as CSV, the stamp repeated on every row; atomically (a partial file, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, *STAMP_COLUMNS])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**{name: run_stamp[name] for name in STAMP_COLUMNS}, **row})
-    os.replace(partial, path)
+    report.write_stamped_csv(path, COLUMNS, run_stamp, STAMP_COLUMNS, rows)
 
 
 def read_seed_runs(path=DEFAULT_OUTPUT):
