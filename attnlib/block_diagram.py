@@ -36,12 +36,20 @@ def _shape_text(symbols, shape):
     return f"({', '.join(symbols)}) = {shape}"
 
 
-def draw_decoder(shapes, n_layers, *, figsize=(10, 10)):
+def draw_decoder(shapes, n_layers, *, positions="learned", figsize=(10, 10)):
     """Draw the decoder: tokens, embedding, ``n_layers`` pre-LN blocks, last LayerNorm, logits, loss.
 
     ``shapes`` comes from :func:`decoder_shapes`; each arrow carries its tensor's
-    symbolic shape and the numbers. Returns the figure.
+    symbolic shape and the numbers. ``positions`` is the model's position scheme
+    (``model.position_scheme``): "learned" and "sinusoidal" add position vectors to
+    the embedding, "rope" turns the queries and keys inside attention, "none" has no
+    positions. Symbols follow the book's notation: ``d_k`` is one head's width,
+    ``N_vocab`` the vocabulary's size. Returns the figure.
     """
+    entry = {"learned": "embedding + position vectors", "sinusoidal": "embedding + sinusoids",
+             "rope": "token embedding", "none": "token embedding"}
+    if positions not in entry:
+        raise ValueError(f"positions must be one of {sorted(entry)}, got {positions!r}")
     plt = _pyplot()
     from matplotlib.patches import Circle, FancyBboxPatch
 
@@ -82,14 +90,16 @@ def draw_decoder(shapes, n_layers, *, figsize=(10, 10)):
     box(stream_x, 12.6, "token ids")
     arrow((stream_x, 12.25), (stream_x, 11.65))
     label(stream_x - 0.25, 11.95, _shape_text(("B", "T"), shapes["tokens"]))
-    box(stream_x, 11.3, "embedding + positions", width=3.8)
+    box(stream_x, 11.3, entry[positions], width=3.8)
     ax.add_patch(FancyBboxPatch((-5.9, 3.0), 14.2, 7.55, boxstyle="round,pad=0.1", facecolor="0.96",
                                 edgecolor="0.5", linestyle="--"))
     ax.text(-5.7, 10.3, f"one block, repeated {n_layers} times", ha="left", va="center", fontsize=12,
             color="0.3")
     branch(10.95, 8.2, 7.2, "causal multi-head\nattention", "#dbe9f6")
-    label(note_x, 8.75, "q, k, v: " + _shape_text(("B", "H", "T", "d_head"), shapes["qkv"]),
+    label(note_x, 8.75, "q, k, v: " + _shape_text(("B", "H", "T", "d_k"), shapes["qkv"]),
           colour=ROLE_COLORS["query"], ha="left")
+    if positions == "rope":
+        label(note_x, 9.3, "RoPE turns q and k by position", colour="0.3", ha="left")
     label(note_x, 8.2, "weights: " + _shape_text(("B", "H", "T", "T"), shapes["weights"]), ha="left")
     label(side_x + 0.2, 6.95, _shape_text(("B", "T", "d_model"), shapes["heads"]), ha="left")
     arrow((stream_x, 10.95), (stream_x, 7.5))
@@ -110,7 +120,7 @@ def draw_decoder(shapes, n_layers, *, figsize=(10, 10)):
     arrow((stream_x, 1.75), (stream_x, 1.25))
     box(stream_x, -0.3, "next-token loss")
     arrow((stream_x, 0.55), (stream_x, 0.05))
-    label(stream_x - 0.25, 0.3, "logits " + _shape_text(("B", "T", "V"), shapes["logits"]))
+    label(stream_x - 0.25, 0.3, "logits " + _shape_text(("B", "T", "N_vocab"), shapes["logits"]))
     label(-5.7, 4.3 if bottom < 7 else 5.5, "residual\nstream", colour="0.3", ha="left")
     return fig
 

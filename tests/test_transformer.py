@@ -255,7 +255,15 @@ def test_the_block_diagram_writes_the_shapes_of_a_real_forward_pass(mlp):
         assert str(shape) in texts
     assert "repeated 2 times" in texts
     assert any(text.get_text() == "MLP" for text in figure.axes[0].texts) is mlp
+    assert "embedding + position vectors" in texts and "RoPE" not in texts
     plt.close(figure)
+    rope_figure = draw_decoder(shapes, n_layers=2, positions="rope")
+    rope_texts = [text.get_text() for text in rope_figure.axes[0].texts]
+    assert "token embedding" in rope_texts and not any("position vectors" in t for t in rope_texts)
+    assert any("RoPE turns q and k" in t for t in rope_texts)
+    plt.close(rope_figure)
+    with pytest.raises(ValueError, match="positions must be one of"):
+        draw_decoder(shapes, n_layers=2, positions="alibi")
 
 
 def test_a_seed_gives_the_same_initial_decoder_on_any_cpu_code_path():
