@@ -194,6 +194,7 @@ def plot_time_vs_t(files, *, kernels, dtype="float16"):
     import matplotlib.pyplot as plt
 
     head_dims = list(files)
+    highest = 0  # the longest time in any panel: the shared y axis leaves room above it
     fig, axes = plt.subplots(2, len(head_dims), figsize=(5.5 * len(head_dims), 7.5), squeeze=False,
                              constrained_layout=True, sharey=True)
     for column, d in enumerate(head_dims):
@@ -208,10 +209,13 @@ def plot_time_vs_t(files, *, kernels, dtype="float16"):
                 failed = out_of_memory(chosen, kernel)
                 if failed is not None:
                     ax.plot([failed[0]], [top], "X", color=KERNEL_COLORS.get(kernel), markersize=11)
-                    ax.annotate(f"{kernel}: out of memory", (failed[0], top), xytext=(-8, -3),
-                                textcoords="offset points", ha="right", va="top", fontsize=8)
+                    # above the cross, in headroom left for it: clear of every line
+                    ax.annotate(f"{kernel}: out of memory", (failed[0], top), xytext=(0, 8),
+                                textcoords="offset points", ha="center", va="bottom", fontsize=8)
             ax.set_title(f"B={chosen[0]['B']} H={chosen[0]['H']} d={d}, {'causal' if causal else 'no mask'}",
                          fontsize=10)
+            highest = max(highest, top)
+    axes[0][0].set_ylim(top=highest * 6)  # shared: room for the out-of-memory labels
     fig.suptitle(f"{caption(files[head_dims[0]][0], dtype)}, forward", fontsize=9)
     return fig
 
@@ -259,7 +263,7 @@ def plot_roofline(stamp, rows, spec, *, kernels, dtype="float16", d=64, causal=F
                 real = [r["flops"] / torch_naive_bytes(r["B"], r["H"], r["T"], r["d"],
                                                        flops.ITEMSIZE[r["dtype"]], r["causal"]) for r in chosen]
                 ax.plot(real, y, "o", markerfacecolor="none", color=KERNEL_COLORS.get(kernel),
-                        label="torch, counting the copies it makes (torch_naive_bytes)")
+                        label="torch, counting the fp32 copies it makes")
             continue
         for r, xi, yi in zip(chosen, x, y):
             if yi > highest.get(r["T"], (0, 0))[1]:
