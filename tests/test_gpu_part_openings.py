@@ -132,3 +132,25 @@ def test_the_backward_flow_sends_k_to_dq_and_q_to_dk():
     assert kx >= 10.4 and qx >= 10.4  # the gradients' boxes start at x = 10.5
     assert 3.2 < ky < 4.0 and 1.7 < qy < 2.5  # dQ's box, then dK's
     plt.close(fig)
+
+
+def test_the_backward_flow_draws_every_t_by_t_block_red_and_nothing_else():
+    """S → P, dP and dS̃ are T × T blocks: their boxes share the scores' red, as the
+    title says; the inputs, D (one number per query) and the gradients do not."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import FancyBboxPatch
+
+    fig = diagrams.plot_backward_flow()
+    ax = fig.axes[0]
+    boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    labels = {}
+    for box in boxes:  # each box's label is the text at its centre
+        x, y = box.get_x() + box.get_width() / 2, box.get_y() + box.get_height() / 2
+        label = next(t.get_text() for t in ax.texts
+                     if abs(t.get_position()[0] - x) < 1e-6
+                     and abs(t.get_position()[1] - y) < 1e-6)
+        labels[label] = box.get_facecolor() == to_rgba(diagrams.SCORE)
+    red = {label for label, is_red in labels.items() if is_red}
+    assert red == {"S → P", "dP = dO Vᵀ", "dS̃ = P∘(dP − D)"}, red
+    assert "P, dP, dS̃" in ax.get_title()
+    plt.close(fig)

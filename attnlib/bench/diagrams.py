@@ -158,9 +158,9 @@ def plot_backward_flow(figsize=(10, 4.6)):
     ax.text(7.3, 3.5, "recomputed, a block at a time", ha="center", va="center",
             fontsize=8)
     node(4.0, 2.9, "S → P", SCORE, color="white")
-    node(6.2, 1.8, "D = rowsum(dO∘O)", w=2.6)
-    node(6.3, 2.9, "dP = dO Vᵀ")
-    node(8.6, 2.9, "dS̃ = P∘(dP − D)", w=2.4)
+    node(6.2, 1.8, "D = rowsum(dO∘O)", w=2.6)  # one number per query: small
+    node(6.3, 2.9, "dP = dO Vᵀ", SCORE, color="white")  # T × T blocks, like P
+    node(8.6, 2.9, "dS̃ = P∘(dP − D)", SCORE, w=2.4, color="white")
     for start, end in (((1.95, 5.1), (3.4, 3.2)), ((1.95, 4.0), (3.3, 3.0)),
                        ((1.95, 0.7), (3.4, 2.6)), ((5.0, 4.7), (6.1, 3.3)),
                        ((1.95, 1.8), (4.9, 1.8)),
@@ -183,8 +183,8 @@ def plot_backward_flow(figsize=(10, 4.6)):
     _arrow(ax, (1.95, 4.1), (10.5, 3.8), colour=KEY, connectionstyle="arc3,rad=-0.04")
     _arrow(ax, (1.95, 5.3), (10.5, 2.3), colour=QUERY,
            connectionstyle="arc3,rad=-0.41")
-    ax.set_title("The backward pass: the T × T blocks (red) exist only inside one "
-                 "block's work", fontsize=10)
+    ax.set_title("The backward pass: the T × T blocks (red: P, dP, dS̃) exist only inside "
+                 "one block's work", fontsize=10)
     return fig
 
 

@@ -1,4 +1,4 @@
-"""Chapter 13, The backward pass: dV by hand, the missing row sum, and dS from P, dP and O.
+"""Chapter 13, The backward pass: dV by hand, the missing row sum, and dS~ from P, dP and O.
 
 The chapter works dV for "cat" with every output in the loss (dO all ones); the
 by-hand exercise leaves the output of "sat" out of the loss and asks for dV of
@@ -195,14 +195,14 @@ fix_rowsum = FunctionExercise(
     explanation=(
         "Adding the same number to every score of a row leaves its softmax, and so the loss, "
         "unchanged; the gradient of the scores can have no component along that direction, so each "
-        "row of $dS$ sums to 0. The term $\\operatorname{rowsum}(dO \\circ O)$, which is "
+        "row of $d\\tilde S$ sums to 0. The term $\\operatorname{rowsum}(dO \\circ O)$, which is "
         "$p^\\top dp$, removes it. Without it, every query's gradient is off by "
         "$\\text{scale}\\cdot(p^\\top dp)\\,\\sum_j p_j k_j$."
     ),
 )
 
 
-# Implement: dS from P, dP and O -------------------------------------------------------
+# Implement: dS~ from P, dP and O ------------------------------------------------------
 
 
 def _score_gradient_cases():
@@ -256,7 +256,7 @@ score_gradient = FunctionExercise(
     title="The gradient through the softmax",
     kind="implement",
     task=(
-        "Write `score_gradient(p, d_p, out, d_out)`, which returns $dS$, the gradient of the loss with "
+        "Write `score_gradient(p, d_p, out, d_out)`, which returns $d\\tilde S$, the gradient of the loss with "
         "respect to the scaled scores. `p` is the weight matrix $P$, shape `(T_q, T_k)`, each row the "
         "softmax of a row of scores; `d_p` is $dP = dO\\,V^\\top$, the same shape; `out` is the output "
         "$O = PV$ and `d_out` its gradient $dO$, both `(T_q, d_v)`. Use the row-sum form, not a "
@@ -273,7 +273,7 @@ score_gradient = FunctionExercise(
     expected=_score_gradient_expected,
     mistakes={
         "rowsum_missing": Mistake(_score_gradient_with(lambda p, d_p, out, d_out: 0.0),
-                                  HINT_ROWSUM_MISSING.replace("d_s must", "dS must")),
+                                  HINT_ROWSUM_MISSING.replace("d_s must", "dS~ must")),
         "no_keepdims": Mistake(_score_gradient_with(lambda p, d_p, out, d_out: (d_out * out).sum(axis=-1)),
                                HINT_NO_KEEPDIMS),
         "columns": Mistake(
@@ -287,7 +287,7 @@ score_gradient = FunctionExercise(
         ),
         "not_times_p": Mistake(
             _score_gradient_with(_rowsum, times_p=False),
-            "multiply by p: dS = P * (dP - rowsum(dO * O)); a weight near 0 passes almost no gradient "
+            "multiply by p: dS~ = P * (dP - rowsum(dO * O)); a weight near 0 passes almost no gradient "
             "back to its score, and a masked score (weight 0) gets none",
         ),
     },
