@@ -301,7 +301,7 @@ bits_per_character = ValueExercise(
     explanation=(
         "$\\log_2 p = \\ln p / \\ln 2$, so a loss in nats divided by $\\ln 2$ is in bits. A uniform "
         f"guess over the {N_CHARACTERS} characters of the text's alphabet would cost "
-        f"$\\log_2 {N_CHARACTERS} = {math.log2(N_CHARACTERS):g}$ bits; the model "
+        f"$\\log_2 {N_CHARACTERS} \\approx {math.log2(N_CHARACTERS):.2f}$ bits; the model "
         f"needs {_bits():.2f}."
     ),
 )
