@@ -94,6 +94,14 @@ def test_ch10_keeps_capital_s_for_the_raw_scores():
     assert r"\text{scale}\cdot QK^\top" not in text
 
 
+def test_ch13_exercises_write_the_scores_gradient_as_the_text_does():
+    """The exercises' tasks and answers say d\\tilde S, as the chapter does, never a bare dS."""
+    text = "".join(source(c) for c in cells("13_backward_pass") if c["cell_type"] == "markdown")
+    exercises = text[text.index("## Exercises"):]
+    assert r"d\tilde S" in exercises
+    assert not re.search(r"(?<![A-Za-z_\\])dS(?![A-Za-z_~])", exercises)
+
+
 def test_tile_lists_say_how_their_commits_were_inferred():
     data = json.loads(gpu_results.TILE_LISTS.read_text())
     how = data["how_inferred"]
