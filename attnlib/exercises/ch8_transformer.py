@@ -112,7 +112,7 @@ rope_shift = ValueExercise(
     kind="by hand",
     task=(
         "Take $d = 2$, so RoPE has a single pair of features, turned by an angle of "
-        "(position) $\\times\\, \\theta$ with $\\theta = 1$ radian ($10000^{-0/2} = 1$). The query "
+        "(position) $\\times\\, \\omega$ with $\\omega = 1$ radian ($10000^{-0/2} = 1$). The query "
         f"$q = ({ROPE_Q[0]:g}, {ROPE_Q[1]:g})$ sits at position {ROPE_POSITIONS[0]} and the key "
         f"$k = ({ROPE_K[0]:g}, {ROPE_K[1]:g})$ at position {ROPE_POSITIONS[1]}. Rotating $(a, b)$ by an "
         "angle $\\alpha$ gives $(a\\cos\\alpha - b\\sin\\alpha,\\ a\\sin\\alpha + b\\cos\\alpha)$. What is "
