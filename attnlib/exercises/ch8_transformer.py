@@ -245,10 +245,10 @@ induction_targets = FunctionExercise(
     rtol=0,
     atol=0,
     explanation=(
-        "When the current token occurred only once before, as each letter of the chapter's example "
-        "segment did, j + 1 is exactly where the next token was the first time, so copying it predicts "
-        "the repeat. When it occurred more than once, as 5 does in [5, 1, 5, 2, 5], the token after its "
-        "most recent occurrence need not be the one that comes next, and the rule can guess wrong. A "
+        "If the current token occurred once before, as every letter of the chapter's example segment "
+        "did, the token at j + 1 is the one that followed it then, so copying it predicts the repeat. "
+        "If it occurred more than once, as 5 does in [5, 1, 5, 2, 5], the rule uses the most recent "
+        "occurrence, and what followed that need not come next: the rule can guess wrong. A "
         "trained induction head follows the rule with two heads: one in the first "
         "layer writes into every position which token came before it, and one in the second layer "
         "matches the current token against those, then copies the token it finds."
