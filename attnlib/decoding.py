@@ -73,7 +73,7 @@ def generate_cached(model, prompt, n_new, *, window=None, caches=None, **options
     _check_generate_args(model, prompt, n_new)
     caches = _empty_caches(model, window, caches)
     options = options if window is None else {**options, "window": window}
-    tokens, new_tokens, step_logits = prompt, prompt, []
+    tokens, new_tokens, step_logits = prompt, prompt, []  # the first step runs the whole prompt: the prefill
     for _ in range(n_new):
         start = caches[0].seen  # the position of the first new token
         positions = torch.arange(start, start + new_tokens.shape[1], device=prompt.device)
