@@ -6,7 +6,7 @@ then decodes one token for every sequence it is running, in one batch, and lets 
 the sequences that are done, whose pages the next requests reuse. Every sequence has
 its own length, so the attention of a decode step is
 :func:`attnlib.attention_with_kvcache` over a :class:`attnlib.PagedKVCache`, one per
-block of the model.
+layer (transformer block) of the model.
 
 - :class:`Request`: a prompt, how many tokens to write, when it arrives, how to sample.
 - :func:`paged_forward_step`: chapter 9's ``forward_step`` for B sequences at their own
@@ -55,9 +55,9 @@ class Request:
 @torch.no_grad()
 def paged_forward_step(model, tokens, positions, caches, seq_ids, *, num_splits=1, backend=None):
     """Logits (B, T_new, V) of ``tokens`` (B, T_new) at ``positions`` (B, T_new), sequence b being
-    ``seq_ids[b]``, after what ``caches`` (one :class:`PagedKVCache` per block) hold for it.
+    ``seq_ids[b]``, after what ``caches`` (one :class:`PagedKVCache` per layer) hold for it.
 
-    Each block appends the new keys and values to its pages, then its queries attend over
+    Each layer appends the new keys and values to its pages, then its queries attend over
     each sequence's own cache: B sequences of B lengths, in one call.
     """
     x = model.embedding[tokens]  # (B, T_new, d_model)
@@ -114,7 +114,9 @@ def _check_requests(model, requests, num_blocks, page_size):
 
 @torch.no_grad()
 def serve(model, requests, *, num_blocks, page_size, num_splits=1, backend=None):
-    """Run ``requests`` by continuous batching on one pool of ``num_blocks`` pages per block.
+    """Run ``requests`` by continuous batching, each layer's cache a pool of ``num_blocks`` pages.
+
+    ``num_blocks`` counts pages (vLLM's name for a page is a block).
 
     Each step: (1) admit, in order of arrival, the requests that have arrived and fit (the
     pool keeps the pages every admitted sequence will need by its end, so no sequence ever
@@ -133,7 +135,7 @@ def serve(model, requests, *, num_blocks, page_size, num_splits=1, backend=None)
     d_head = first.w_q.shape[1] // n_heads
     caches = [PagedKVCache(num_blocks, page_size, n_heads, d_head, dtype=model.embedding.dtype,
                            device=model.embedding.device) for _ in model.blocks]
-    pool = caches[0]  # every block's pool holds the same pages for the same sequences
+    pool = caches[0]  # every layer's pool holds the same pages for the same sequences
     waiting = sorted(requests, key=lambda r: r.arrival)  # stable: same step, list order
     running, done, trace, step = {}, {}, [], 0
 
