@@ -249,7 +249,7 @@ induction_targets = FunctionExercise(
         "did, the token at j + 1 is the one that followed it then, so copying it predicts the repeat. "
         "If it occurred more than once, as 5 does in [5, 1, 5, 2, 5], the rule uses the most recent "
         "occurrence, and what followed that need not come next: the rule can guess wrong. A "
-        "trained induction head follows the rule with two heads: one in the first "
+        "trained model follows the rule with two heads: one in the first "
         "layer writes into every position which token came before it, and one in the second layer "
         "matches the current token against those, then copies the token it finds."
     ),
