@@ -239,7 +239,7 @@ fix_zero_grad = FunctionExercise(
         "by clearing them with `optimizer.zero_grad()`. Without it, `.grad` keeps a running sum of "
         "every gradient so far, and step n follows that sum rather than this batch's gradient: a "
         "direction that mixes stale gradients of old batches into this one. The size of the step is not what goes wrong: clipping rescales the "
-        "sum in `.grad` to a norm of at most 1, and Adam sizes each weight's step from its recent "
+        "sum in `.grad` to a norm of at most 1, and Adam sizes each parameter's step from its recent "
         "gradients anyway."
     ),
 )
@@ -317,7 +317,7 @@ parameter_count = ValueExercise(
     explanation=(
         "Embeddings $V d$, positions $T d$, $4 d^2$ per attention layer and $2 d^2$ for the pointer. "
         "The heads split $d_{model}$ between them, so the number of heads does not change the count; "
-        "doubling $d_{model}$ roughly quadruples the attention weights."
+        "doubling $d_{model}$ roughly quadruples the attention layers' parameters."
     ),
 )
 
