@@ -169,8 +169,8 @@ gqa_heads = FunctionExercise(
         "This function computes grouped-query attention by giving every query head its key/value head, "
         "copied, then running ordinary attention. Query head $h$ should use key/value head "
         "$\\lfloor h / G \\rfloor$, where $G = H / H_\\text{kv}$ query heads share one, as "
-        "`attnlib.attention(..., enable_gqa=True)` and PyTorch's `scaled_dot_product_attention` (SDPA) do. It passes for multi-query "
-        "attention, $H_\\text{kv} = 1$, and fails otherwise. Find the mistake and fix it."
+        "`attnlib.attention(..., enable_gqa=True)` and PyTorch's `scaled_dot_product_attention` (SDPA) do. It passes when $H_\\text{kv} = 1$ "
+        "(multi-query attention) or $G = 1$, and fails whenever both exceed 1. Find the mistake and fix it."
     ),
     starter=_SHIPPED_TILE,
     solution=(
