@@ -122,8 +122,15 @@ def test_main_path_speaks_to_the_reader(notebook):
     assert not found, "\n".join(found)
 
 
+def _write_notebook(path, cells):
+    """A minimal notebook file holding ``cells``, for the checks below."""
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
 def test_the_check_can_fail(tmp_path):
-    bad = {"cells": [
+    cells = [
         {"cell_type": "markdown", "metadata": {}, "source": [
             "The library's tests check this. See `attnlib/data/x.csv`.\n",
             ":::{dropdown} Deep dive\npython -m attnlib.bench is fine here\n:::\n"]},
@@ -133,28 +140,24 @@ def test_the_check_can_fail(tmp_path):
          "source": ["glue('y', 2)\n"], "outputs": []},
         {"cell_type": "markdown", "metadata": {}, "source": ["## Exercises\n"]},
         {"cell_type": "markdown", "metadata": {}, "source": ["python -m after exercises\n"]},
-    ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    path = tmp_path / "99_bad.ipynb"
-    path.write_text(json.dumps(bad))
-    found = offences(path)
+    ]
+    found = offences(_write_notebook(tmp_path / "99_bad.ipynb", cells))
     kinds = sorted(line.split(": ")[1] for line in found)
     assert kinds == ["a # prose note", "a glue( call", "a stored file's name",
                      "the library's tests"], found
 
 
 def test_the_check_can_fail_in_an_appendix(tmp_path):
-    bad = {"cells": [
+    cells = [
         {"cell_type": "markdown", "metadata": {}, "source": [
             "Run `tools/gpu_run.sh check out/`.\n",
             "It wrote `fwd_d64.csv`; the GPU state table shows throttle reasons.\n"]},
         {"cell_type": "code", "metadata": {}, "source": ["print(nvidia_smi)  # prose\n"],
          "outputs": [{"output_type": "stream", "name": "stdout",
                       "text": ["GPU state: 0x4\n"]}]},
-    ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    as_chapter = tmp_path / "99_bad.ipynb"
-    as_appendix = tmp_path / "appendix_bad.ipynb"
-    for path in (as_chapter, as_appendix):
-        path.write_text(json.dumps(bad))
+    ]
+    as_chapter = _write_notebook(tmp_path / "99_bad.ipynb", cells)
+    as_appendix = _write_notebook(tmp_path / "appendix_bad.ipynb", cells)
     kinds = sorted(line.split(": ")[1] for line in offences(as_appendix))
     assert kinds == ["a # prose note", "a command that regenerates data",
                      "a stored file's name"], kinds  # its GPU state table is allowed
