@@ -154,19 +154,20 @@ def rotate_pairs(x, cos, sin, style="half"):
 
     x : (..., T, d); cos, sin : (..., T, d/2), one angle per pair. NumPy or torch.
     """
-    stack, concatenate = _stacking(x)
-    if style == "half":
-        a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]  # (..., T, d/2) each
-        return concatenate((a * cos - b * sin, a * sin + b * cos), -1)  # (..., T, d)
+    if style == "interleaved":  # pairs (2i, 2i + 1): the same turns, another order
+        return _rotate_interleaved(x, cos, sin)
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]  # (..., T, d/2) each: pair i is (a_i, b_i)
+    concatenate = np.concatenate if isinstance(x, np.ndarray) else torch_module().cat
+    return concatenate((a * cos - b * sin, a * sin + b * cos), -1)  # (..., T, d)
+
+
+def _rotate_interleaved(x, cos, sin):
+    """``rotate_pairs`` with feature 2i paired with 2i + 1."""
+    stack = np.stack if isinstance(x, np.ndarray) else torch_module().stack
     a, b = x[..., 0::2], x[..., 1::2]  # (..., T, d/2) each
-    return stack((a * cos - b * sin, a * sin + b * cos), -1).reshape(x.shape)  # (..., T, d/2, 2) -> (..., T, d)
-
-
-def _stacking(x):
-    if isinstance(x, np.ndarray):
-        return np.stack, np.concatenate
-    torch = torch_module()
-    return torch.stack, torch.cat
+    turned = stack((a * cos - b * sin, a * sin + b * cos), -1)  # (..., T, d/2, 2)
+    return turned.reshape(x.shape)  # (..., T, d)
 
 
 def _check_positions(positions, x, kind):
