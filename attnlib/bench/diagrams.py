@@ -7,6 +7,7 @@ Each function draws one diagram with matplotlib and returns its figure; none rea
 - :func:`plot_tile_stream`: one tile of queries held on the chip while tiles of keys and
   values stream past it, updating the running maximum, sum and output.
 - :func:`plot_backward_flow`: what the backward pass reads, recomputes and writes.
+- :func:`plot_backward_sizes`: the forward and backward passes by the sizes of their arrays.
 - :func:`plot_paged_cache`: a contiguous cache against a pool of pages and its block table.
 """
 
@@ -135,54 +136,56 @@ def plot_tile_stream(n_key_tiles=5, figsize=(9.5, 4.4)):
     return fig
 
 
-def plot_backward_flow(figsize=(10, 4.6)):
+def plot_backward_flow(figsize=(10.5, 4.8)):
     """The backward pass's data flow: what the forward kept, what the backward recomputes
-    block by block, and the three gradients it writes."""
+    block by block, and the three gradients it writes. Inputs a gradient reads from far
+    away (dO for dV, K for dQ, Q for dK) are drawn a second time beside it, so that no
+    arrow crosses another."""
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
-    _blank(ax, (0, 13), (0, 6.4))
+    _blank(ax, (0, 15.3), (0, 6.6))
 
-    def node(x, y, label, colour="white", w=1.5, h=0.8, **text):
+    def node(x, y, label, colour="white", w=1.5, h=0.7, **text):
         _box(ax, x - w / 2, y - h / 2, w, h, colour, label, fontsize=9, **text)
 
-    # inputs kept from the forward pass
-    ax.text(1.2, 6.0, "kept from the forward", ha="center", fontsize=8)
-    node(1.2, 5.1, "Q", QUERY, color="white")
-    node(1.2, 4.0, "K", KEY, color="white")
-    node(1.2, 2.9, "V", VALUE, color="white")
-    node(1.2, 1.8, "O", "#969696", color="white")
-    node(1.2, 0.7, "lse", "#bdbdbd")
-    # handed in by autograd
-    ax.text(5.0, 6.0, "from the loss", ha="center", fontsize=8)
-    node(5.0, 5.1, "dO", "#fdd0a2")
-    # recomputed
-    ax.text(7.3, 3.5, "recomputed, a block at a time", ha="center", va="center",
+    grey = "#636363"
+    # inputs: kept from the forward pass, and dO from the loss
+    ax.text(1.2, 6.3, "kept from the forward,\nand dO", ha="center", va="center",
             fontsize=8)
-    node(4.0, 2.9, "S → P", SCORE, color="white")
-    node(6.2, 1.8, "D = rowsum(dO∘O)", w=2.6)  # one number per query: small
-    node(6.3, 2.9, "dP = dO Vᵀ", SCORE, color="white")  # T × T blocks, like P
-    node(8.6, 2.9, "dS̃ = P∘(dP − D)", SCORE, w=2.4, color="white")
-    for start, end in (((1.95, 5.1), (3.4, 3.2)), ((1.95, 4.0), (3.3, 3.0)),
-                       ((1.95, 0.7), (3.4, 2.6)), ((5.0, 4.7), (6.1, 3.3)),
-                       ((1.95, 1.8), (4.9, 1.8)),
-                       ((5.0, 4.7), (5.9, 2.2)), ((4.75, 2.9), (5.55, 2.9)),
-                       ((7.05, 2.9), (7.4, 2.9)), ((6.2, 2.2), (7.9, 2.55))):
-        _arrow(ax, start, end, colour="#636363")
-    # V reaches dP under the S -> P box
-    _arrow(ax, (1.95, 2.8), (5.8, 2.5), colour="#636363",
-           connectionstyle="arc3,rad=0.12")
+    node(1.2, 5.6, "Q", QUERY, color="white")
+    node(1.2, 4.6, "K", KEY, color="white")
+    node(1.2, 3.6, "lse", "#bdbdbd")
+    node(1.2, 2.6, "V", VALUE, color="white")
+    _box(ax, 0.45, 1.25, 1.5, 0.7, "#fdd0a2", "dO, from\nthe loss", fontsize=8)
+    node(1.2, 0.6, "O", "#969696", color="white")
+    # recomputed, a block at a time: the red boxes are T x T blocks
+    ax.text(7.4, 6.3, "recomputed, a block at a time", ha="center", va="center",
+            fontsize=8)
+    node(4.3, 4.6, "S → P", SCORE, color="white")
+    node(6.6, 2.6, "dP = dO Vᵀ", SCORE, color="white")
+    node(6.6, 1.1, "D = rowsum(dO∘O)", w=2.6)  # one number per query: small
+    node(10.0, 2.6, "dS̃ = P∘(dP − D)", SCORE, w=2.4, color="white")
+    for start, end in (((1.95, 5.6), (3.5, 4.85)), ((1.95, 4.6), (3.5, 4.6)),
+                       ((1.95, 3.6), (3.5, 4.35)),  # Q, K, lse -> S -> P
+                       ((1.95, 2.6), (5.8, 2.6)), ((1.95, 1.7), (5.8, 2.35)),  # V, dO
+                       ((1.95, 1.5), (5.25, 1.2)), ((1.95, 0.6), (5.25, 0.95)),  # dO, O
+                       ((7.4, 2.6), (8.75, 2.6)), ((7.95, 1.2), (9.2, 2.2))):
+        _arrow(ax, start, end, colour=grey)
+    _arrow(ax, (5.1, 4.45), (9.2, 3.0), colour=SCORE)  # P to dS~
     # gradients written
-    ax.text(11.7, 6.0, "written", ha="center", fontsize=8)
-    node(11.7, 5.1, "dV = Pᵀ dO", "#fdd0a2", w=2.2)
-    node(11.7, 3.6, "dQ = scale · dS̃ K", "#fdd0a2", w=2.4)
-    node(11.7, 2.1, "dK = scale · dS̃ᵀ Q", "#fdd0a2", w=2.4)
-    _arrow(ax, (4.3, 3.3), (10.5, 5.0), colour=SCORE)  # P to dV
-    _arrow(ax, (5.7, 5.1), (10.55, 5.1), colour="#636363")  # dO to dV
-    _arrow(ax, (9.8, 2.95), (10.45, 3.5), colour=SCORE)
-    _arrow(ax, (9.8, 2.85), (10.45, 2.2), colour=SCORE)
-    # each of dQ and dK also reads the other side's inputs: dQ needs K, dK needs Q
-    _arrow(ax, (1.95, 4.1), (10.5, 3.8), colour=KEY, connectionstyle="arc3,rad=-0.04")
-    _arrow(ax, (1.95, 5.3), (10.5, 2.3), colour=QUERY,
-           connectionstyle="arc3,rad=-0.41")
+    ax.text(13.0, 6.3, "written", ha="center", va="center", fontsize=8)
+    node(13.0, 5.4, "dV = Pᵀ dO", "#fdd0a2", w=2.4)
+    node(13.0, 3.6, "dQ = scale · dS̃ K", "#fdd0a2", w=2.4)
+    node(13.0, 1.9, "dK = scale · dS̃ᵀ Q", "#fdd0a2", w=2.4)
+    _arrow(ax, (5.1, 4.8), (11.75, 5.4), colour=SCORE)  # P to dV
+    _arrow(ax, (11.25, 2.75), (11.75, 3.45), colour=SCORE)
+    _arrow(ax, (11.25, 2.45), (11.75, 2.0), colour=SCORE)
+    # what each gradient also reads, drawn again beside it: dV reads dO, dQ reads K,
+    # dK reads Q
+    for y, name, colour, edge in ((5.4, "dO", "#fdd0a2", grey), (3.6, "K", KEY, KEY),
+                                  (1.9, "Q", QUERY, QUERY)):
+        _box(ax, 14.55, y - 0.3, 0.65, 0.6, colour, name, fontsize=9,
+             color="black" if name == "dO" else "white")
+        _arrow(ax, (14.5, y), (14.25, y), colour=edge)
     ax.set_title("The backward pass: the T × T blocks (red: P, dP, dS̃) exist only inside "
                  "one block's work", fontsize=10)
     return fig
@@ -234,4 +237,40 @@ def plot_paged_cache(page_size=4, figsize=(10, 4.4)):
         right.text(1.3 + 3 * 1.0 + 0.2, y, f"{lengths[name]} positions", va="center", fontsize=8)
     right.text(6.2, 0.3, "the last page of each is partly empty: at most\n"
                f"{page_size - 1} positions reserved and unused per sequence", fontsize=8)
+    return fig
+
+
+def plot_backward_sizes(figsize=(10, 5.0)):
+    """Sizes only: the forward pass from Q, K, V to O along the top, the backward pass
+    from dO back to dQ, dK (and, from P, dV) along the bottom; T x T arrays are red."""
+    fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    _blank(ax, (0, 12.4), (-1.3, 5.6))
+
+    def node(x, y, label, colour, w, **text):
+        _box(ax, x - w / 2, y - 0.75, w, 1.5, colour, label, fontsize=9, **text)
+
+    xs = (1.3, 4.5, 7.7, 10.9)  # the four columns, shared by both rows
+    widths = (1.6, 2.0, 2.0, 1.6)  # T x d strips at the ends, T x T squares between
+    for y, word, forward in ((4.1, "forward", True), (1.3, "backward", False)):
+        ax.text(0.05, y + 1.0, word, fontsize=9, fontweight="bold")
+        for i in range(3):
+            left = xs[i] + widths[i] / 2 + 0.08
+            right = xs[i + 1] - widths[i + 1] / 2 - 0.08
+            _arrow(ax, *(((left, y), (right, y)) if forward else ((right, y), (left, y))),
+                   colour="#636363")
+    node(xs[0], 4.1, "Q, K, V\nT × d each", "#dadaeb", widths[0])
+    node(xs[1], 4.1, "scores S\nT × T", SCORE, widths[1], color="white")
+    node(xs[2], 4.1, "weights P\nT × T", SCORE, widths[2], color="white")
+    node(xs[3], 4.1, "output O\nT × d", "#d9d9d9", widths[3])
+    node(xs[3], 1.3, "dO\nT × d\n(from the loss)", "#fdd0a2", widths[3])
+    node(xs[2], 1.3, "P again, and\nits gradient dP\nT × T each", SCORE, widths[2],
+         color="white")
+    node(xs[1], 1.3, "the scores'\ngradient\nT × T", SCORE, widths[1], color="white")
+    node(xs[0], 1.3, "dQ, dK\nT × d each", "#fdd0a2", widths[0])
+    _box(ax, xs[2] + 1.6, -1.15, 1.6, 0.9, "#fdd0a2", "dV, T × d", fontsize=9)
+    _arrow(ax, (xs[2] + 0.6, 0.47), (xs[2] + 1.5, -0.55), colour="#636363")
+    ax.text(6.1, 2.75, "red: T × T, one number per query and key; block by block, only one "
+            "block of each exists at a time", ha="center", va="center", fontsize=8.5,
+            color=SCORE)
+    ax.set_title("Attention's forward and backward passes, by size", fontsize=10)
     return fig
