@@ -192,8 +192,9 @@ gqa_heads = FunctionExercise(
     },
     explanation=(
         "`np.repeat(k, G, axis=-3)` gives heads 0, 0, 1, 1, ...; `np.tile` gives 0, 1, 0, 1, .... "
-        "With one key/value head the two agree, which is how such a bug survives a test of multi-query "
-        "attention. `attnlib.attention(..., enable_gqa=True)` computes the same without any copy."
+        "With one key/value head, or one query head per key/value head, the two agree, which is how such a "
+        "bug survives a test of multi-query or of plain multi-head attention. "
+        "`attnlib.attention(..., enable_gqa=True)` computes the same without any copy."
     ),
 )
 
