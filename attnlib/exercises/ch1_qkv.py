@@ -24,7 +24,7 @@ qkv_parameter_count = ValueExercise(
         f"and {GPT2_SMALL['n_heads']} heads, each with $d_k = d_v = {GPT2_SMALL['d_head']}$. "
         "Every head has its own $W_Q$, $W_K$ and $W_V$ of shape "
         "$(d_{model}, d_k)$. How many numbers do the query, key and value weights of all heads "
-        "hold together? (Leave out biases and the output projection.)"
+        "hold together? (Count only these three matrices.)"
     ),
     starter="answer = ...  # a whole number",
     solution=(
