@@ -201,7 +201,7 @@ def _training_expected(case):
 
 fix_zero_grad = FunctionExercise(
     id="ch7.fix_zero_grad",
-    title="Find the bug: a loss that stops making sense",
+    title="Find the bug: steps that follow old gradients",
     kind="find the bug",
     task=(
         "This loop trains without an error, and its first step is right, but every later step "
