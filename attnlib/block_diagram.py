@@ -157,7 +157,8 @@ def draw_multi_head(n_heads=4, *, figsize=(11, 4.4)):
     for x, name in steps:
         ax.text(x, 6.0, name, ha="center", va="center", fontsize=12, fontweight="bold")
     box(0.1, mid, "$X$\n$(T, d_{model})$", 1.7, 1.4)
-    box(2.6, mid, "$Q = X W_Q$\n$K = X W_K$\n$V = X W_V$\neach $(T, h\\,d_k)$", 2.3, 2.4)
+    box(2.6, mid, "$Q = X W_Q$\n$K = X W_K$\n$V = X W_V$\n$Q, K$: $(T, h\\,d_k)$\n$V$: $(T, h\\,d_v)$",
+        2.3, 2.9)
     arrow((1.0, mid), (1.4, mid))
     spacing = min(1.2, 5.0 / n_heads)
     rows = [mid + spacing * ((n_heads - 1) / 2 - j) for j in range(n_heads)]
