@@ -242,7 +242,7 @@ def plot_paged_cache(page_size=4, figsize=(10, 4.4)):
 
 def plot_backward_sizes(figsize=(10, 5.0)):
     """Sizes only: the forward pass from Q, K, V to O along the top, the backward pass
-    from dO back to dQ, dK (and, from P, dV) along the bottom; T x T arrays are red."""
+    from dO back to dQ, dK (and, from P and dO, dV) along the bottom; T x T arrays are red."""
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
     _blank(ax, (0, 12.4), (-1.3, 5.6))
 
@@ -265,12 +265,13 @@ def plot_backward_sizes(figsize=(10, 5.0)):
     node(xs[3], 1.3, "dO\nT × d\n(from the loss)", "#fdd0a2", widths[3])
     node(xs[2], 1.3, "P again, and\nits gradient dP\nT × T each", SCORE, widths[2],
          color="white")
-    node(xs[1], 1.3, "the scores'\ngradient\nT × T", SCORE, widths[1], color="white")
+    node(xs[1], 1.3, "dS, the scores'\ngradient\nT × T", SCORE, widths[1], color="white")
     node(xs[0], 1.3, "dQ, dK\nT × d each", "#fdd0a2", widths[0])
     _box(ax, xs[2] + 1.6, -1.15, 1.6, 0.9, "#fdd0a2", "dV, T × d", fontsize=9)
-    _arrow(ax, (xs[2] + 0.6, 0.47), (xs[2] + 1.5, -0.55), colour="#636363")
-    ax.text(6.1, 2.75, "red: T × T, one number per query and key; block by block, only one "
-            "block of each exists at a time", ha="center", va="center", fontsize=8.5,
+    _arrow(ax, (xs[2] + 0.6, 0.47), (xs[2] + 1.5, -0.55), colour="#636363")  # from P
+    _arrow(ax, (xs[3] - 0.3, 0.47), (xs[3] - 0.5, -0.2), colour="#636363")  # from dO
+    ax.text(6.1, 2.75, "red: T × T, one number per query and key; the block-by-block kernels hold "
+            "one block of each at a time", ha="center", va="center", fontsize=8.5,
             color=SCORE)
     ax.set_title("Attention's forward and backward passes, by size", fontsize=10)
     return fig
