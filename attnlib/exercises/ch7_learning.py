@@ -317,7 +317,7 @@ parameter_count = ValueExercise(
     explanation=(
         "Embeddings $V d$, positions $T d$, $4 d^2$ per attention layer and $2 d^2$ for the pointer. "
         "The heads split $d_{model}$ between them, so the number of heads does not change the count; "
-        "doubling $d_{model}$ roughly quadruples the attention layers' parameters."
+        "doubling $d_{model}$ quadruples the attention layers' parameters ($4 d^2$ becomes $16 d^2$)."
     ),
 )
 
