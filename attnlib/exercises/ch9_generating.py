@@ -32,7 +32,7 @@ cache_bytes = ValueExercise(
         "tokens, batch = 8192, 4\n"
         "per_token = 2 * layers * kv_heads * d * bytes_per_number  # keys and values\n"
         "answer = per_token * tokens * batch\n"
-        'print(f"{per_token / 2**10:.0f} KiB per token, {answer / 2**30:.1f} GiB in all")'
+        'print(f"{per_token / 1e3:.0f} kB per token, {answer / 1e9:.1f} GB in all")'
     ),
     answer_name="answer",
     expected=lambda: _cache_bytes(**CACHE_CONFIG),
@@ -54,14 +54,18 @@ cache_bytes = ValueExercise(
             lambda: _cache_bytes(**{**CACHE_CONFIG, "batch": 1}),
             "that is one sequence: every sequence of the batch has a cache of its own",
         ),
+        "gb": Mistake(
+            lambda: _cache_bytes(**CACHE_CONFIG) / 1e9,
+            "that looks like GB: give the answer in bytes (1 GB = 10**9 bytes)",
+        ),
         "gib": Mistake(
             lambda: _cache_bytes(**CACHE_CONFIG) / 2**30,
             "that looks like GiB: give the answer in bytes (1 GiB = 2**30 bytes)",
         ),
     },
     explanation=(
-        "160 KiB per token, 5 GiB for the batch. With a key/value head for every query head it would be "
-        "five times as large, 25 GiB, and each sequence added to the batch would add another quarter of that."
+        "164 kB per token, 5.4 GB for the batch. With a key/value head for every query head it would be "
+        "five times as large, 26.8 GB, and each sequence added to the batch would add another quarter of that."
     ),
 )
 

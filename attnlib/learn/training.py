@@ -144,17 +144,15 @@ def train(model, sample_batch, *, steps, lr=3e-3, seed=0, evaluate=None, eval_ev
         ``log(step, loss, accuracy)`` after each evaluation (e.g. print).
     lr_decay : bool
         Lower the learning rate linearly from ``lr`` towards 0 over the run (the
-        last step takes ``lr / steps``). Adam sizes each step from the gradient's
-        recent scale, not its size, so late in a run, with the loss near 0, it
-        keeps taking full steps along tiny gradients, and a model can go on
-        amplifying differences as small as rounding. Shrinking steps let the
-        weights settle where the run leads them.
+        last step takes ``lr / steps``). Adam's steps keep their full size even
+        when the gradients are tiny, so late in a run, with the loss near 0, the
+        weights would keep moving; shrinking steps let them settle.
 
     Returns
     -------
     History
     """
-    perturb_initial_weights(model)  # nothing unless a test asks for it (see the module's docstring)
+    perturb_initial_weights(model)  # off by default; a test of rounding turns it on
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1 - done / steps) if lr_decay else None
