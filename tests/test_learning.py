@@ -287,3 +287,53 @@ def test_loss_along_gradient_falls_with_the_slope_of_the_gradient_and_restores_t
     assert (losses[1] - losses[0]) / h == pytest.approx(-norm, rel=1e-4)  # the directional derivative
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_loss_along_gradient_measured_on_other_sentences_moves_along_the_batch_gradient():
+    import torch
+
+    from attnlib.learn import recipes
+    from attnlib.learn.coreference import make_coreference_data
+    from attnlib.learn.training import classification_loss, loss_along_gradient
+
+    data = make_coreference_data()
+    model = recipes.coreference_model()
+    batch = data.train.tokens[:32], data.train.targets[:32]
+    other = data.train.tokens[100:164], data.train.targets[100:164]
+
+    def gradient(tokens, targets):
+        model.zero_grad()
+        classification_loss(model(tokens), targets).backward()
+        flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+        model.zero_grad()
+        return flat
+
+    g_batch, g_other = gradient(*batch), gradient(*other)
+    h = 1e-6
+    losses, norm = loss_along_gradient(model, *batch, [0.0, h], measured_on=other)
+    assert norm == pytest.approx(float(g_batch.norm()), rel=1e-12)
+    assert losses[0] == pytest.approx(classification_loss(model(other[0]), other[1]).item(),
+                                      rel=1e-12)
+    # the other sentences' loss changes at the rate of their gradient along the batch's
+    expected_slope = -float(g_other @ g_batch) / norm
+    assert (losses[1] - losses[0]) / h == pytest.approx(expected_slope, rel=1e-3, abs=1e-6)
+    own, _ = loss_along_gradient(model, *batch, [0.0, h])
+    assert own != losses  # the batch's own curve is a different one
+
+
+@pytest.mark.parametrize("distances, measured_on, message", [
+    ([], None, "distances is empty"),
+    ([0.0], "mismatch", "measured_on: 5 sequences of tokens but 4 targets"),
+])
+def test_loss_along_gradient_rejects_bad_input(distances, measured_on, message):
+    from attnlib.learn import recipes
+    from attnlib.learn.coreference import make_coreference_data
+    from attnlib.learn.training import loss_along_gradient
+
+    data = make_coreference_data()
+    model = recipes.coreference_model()
+    if measured_on == "mismatch":
+        measured_on = (data.train.tokens[:5], data.train.targets[:4])
+    with pytest.raises(ValueError, match=message):
+        loss_along_gradient(model, data.train.tokens[:8], data.train.targets[:8], distances,
+                            measured_on=measured_on)

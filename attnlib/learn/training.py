@@ -39,13 +39,22 @@ def training_step(model, optimizer, tokens, targets):
     return loss.item()
 
 
-def loss_along_gradient(model, tokens, targets, distances):
-    """One batch's loss with every weight moved a distance ``t`` against the gradient, for each ``t``.
+def loss_along_gradient(model, tokens, targets, distances, *, measured_on=None):
+    """The loss with every weight moved a distance ``t`` against one batch's gradient, for each ``t``.
 
-    The weights move along ``-g / |g|``, ``g`` the gradient of the loss over all
-    of them, so near ``t = 0`` the loss falls with slope ``-|g|``. Returns
-    ``(losses, gradient_norm)``; the model's weights are left as they were.
+    The weights move along ``-g / |g|``, ``g`` the gradient over all of them of
+    the loss on ``(tokens, targets)``, so near ``t = 0`` that loss falls with
+    slope ``-|g|``. ``measured_on``, a further ``(tokens, targets)``, measures
+    the loss of other sentences along the same move instead (how much a step
+    fitted to one batch helps the rest). Returns ``(losses, gradient_norm)``;
+    the model's weights are left as they were.
     """
+    if len(distances) == 0:
+        raise ValueError("distances is empty: give at least one distance to move")
+    measure_tokens, measure_targets = (tokens, targets) if measured_on is None else measured_on
+    if len(measure_tokens) != len(measure_targets):
+        raise ValueError(f"measured_on: {len(measure_tokens)} sequences of tokens but "
+                         f"{len(measure_targets)} targets")
     params = [p for p in model.parameters() if p.requires_grad]
     model.zero_grad()
     classification_loss(model(tokens), targets).backward()
@@ -57,7 +66,7 @@ def loss_along_gradient(model, tokens, targets, distances):
         for t in distances:
             for p, p0, g in zip(params, start, grads):
                 p.copy_(p0 - float(t) * g / norm)  # t along the direction of steepest descent
-            losses.append(classification_loss(model(tokens), targets).item())
+            losses.append(classification_loss(model(measure_tokens), measure_targets).item())
         for p, p0 in zip(params, start):
             p.copy_(p0)
     model.zero_grad()
@@ -152,7 +161,7 @@ def train(model, sample_batch, *, steps, lr=3e-3, seed=0, evaluate=None, eval_ev
     -------
     History
     """
-    perturb_initial_weights(model)  # off by default; a test of rounding turns it on
+    perturb_initial_weights(model)  # no-op unless asked; nudges weights by 1e-9
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1 - done / steps) if lr_decay else None
