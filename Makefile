@@ -79,6 +79,13 @@ browser-test: $(STAMP)
 	  BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest tests/test_browser.py -q -p no:cacheprovider; \
 	fi
 
+# Two pytest workers share the machine's 2 cores, and torch and NumPy each start one thread per core:
+# four busy threads on two cores, whose OpenMP threads spin while they wait. One thread per worker
+# halved the wall time of the heaviest unit tests here (farm-bench, 3 paired runs: A/B wall 0.51).
+# Nothing a test or a chapter checks depends on the thread count (the training chapters and the
+# benchmarks set one thread themselves, and the tests of that set other counts explicitly).
+unit nbval nbval-training: export OMP_NUM_THREADS := 1
+
 test: unit nbval nbval-training strict-book-stored
 	$(MAKE) --no-print-directory browser-test
 	@echo "make test: unit tests, nbval, the strict build and the browser check are done"

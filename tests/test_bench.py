@@ -406,13 +406,18 @@ def test_loglog_slope_reads_the_power_of_t():
 def test_cpu_threads_limits_torch_and_blas_and_restores_them():
     from threadpoolctl import threadpool_info
 
-    before = torch.get_num_threads()
-    with sweep.cpu_threads(1):
-        assert torch.get_num_threads() == 1
-        assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
-    assert torch.get_num_threads() == before
-    with sweep.cpu_threads(None):
-        assert torch.get_num_threads() == before
+    outer = torch.get_num_threads()
+    torch.set_num_threads(3)  # not 1, so that limiting to 1 is seen (make test runs with 1)
+    try:
+        before = torch.get_num_threads()
+        with sweep.cpu_threads(1):
+            assert torch.get_num_threads() == 1
+            assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
+        assert torch.get_num_threads() == before == 3
+        with sweep.cpu_threads(None):
+            assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(outer)
 
 
 def test_build_configs_limits_the_loop_and_groups_shared_inputs():
