@@ -293,14 +293,10 @@ def test_loss_along_gradient_falls_with_the_slope_of_the_gradient_and_restores_t
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
 
 
-def test_loss_along_gradient_measured_on_other_sentences_moves_along_the_batch_gradient():
-    import torch
-
+def test_loss_along_gradient_measured_on_other_sentences_moves_along_the_batch_gradient(data):
     from attnlib.learn import recipes
-    from attnlib.learn.coreference import make_coreference_data
     from attnlib.learn.training import classification_loss, loss_along_gradient
 
-    data = make_coreference_data()
     model = recipes.coreference_model()
     batch = data.train.tokens[:32], data.train.targets[:32]
     other = data.train.tokens[100:164], data.train.targets[100:164]
@@ -329,12 +325,10 @@ def test_loss_along_gradient_measured_on_other_sentences_moves_along_the_batch_g
     ([], None, "distances is empty"),
     ([0.0], "mismatch", "measured_on: 5 sequences of tokens but 4 targets"),
 ])
-def test_loss_along_gradient_rejects_bad_input(distances, measured_on, message):
+def test_loss_along_gradient_rejects_bad_input(data, distances, measured_on, message):
     from attnlib.learn import recipes
-    from attnlib.learn.coreference import make_coreference_data
     from attnlib.learn.training import loss_along_gradient
 
-    data = make_coreference_data()
     model = recipes.coreference_model()
     if measured_on == "mismatch":
         measured_on = (data.train.tokens[:5], data.train.targets[:4])
