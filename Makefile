@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with Python 3.11+ and make:
 #   make book   install into .venv, execute every chapter, build the HTML
-#   make test   install, unit tests, nbval over every notebook, strict book build (from the outputs
+#   make test   install, unit tests and nbval over every notebook (one session), the training chapters
+#               again on another machine's arithmetic, strict book build (from the outputs
 #               nbval has just checked), and the browser test of that build (when a Chromium is installed; skipped, and said so,
 #               when not)
 # Also: make notebooks (re-execute and tidy the chapters), make reader (rewrite their plain-Markdown
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.installed
 JB     := $(BIN)/jupyter-book
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test unit nbval nbval-training strict-book strict-book-stored browser-test instructor-book notebooks reader lab install clean
+.PHONY: book test unit nbval checks nbval-training nbval-perturbed nbval-default-isa fresh-training-cache strict-book strict-book-stored browser-test instructor-book notebooks reader lab install clean
 
 install: $(STAMP)
 
@@ -36,15 +37,28 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(BIN)/python -m pytest --nbval book -q -p no:cacheprovider -n 2 --dist loadscope
 
+# The unit tests and nbval over every notebook in one pytest session (what `make test` runs): the
+# notebooks' long cells go first and the many short unit tests fill the two workers up to the end.
+checks: $(STAMP)
+	$(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -n 2 --dist loadscope
+
 # The chapters that report trained models (they import attnlib.learn; tests/test_training_robustness.py
 # checks that the list is complete). What they print must not depend on the CPU's rounding, so nbval
-# runs them twice more: with every model's initial weights changed by a relative 1e-9 before training
-# (attnlib.learn.training.perturb_initial_weights), and on other code paths of torch's and MKL's
-# kernels. No notebook sets these variables.
+# runs them once more on another machine's arithmetic, two changes at once: every model's initial
+# weights changed by a relative 1e-9 before training (attnlib.learn.training.perturb_initial_weights),
+# and torch's and MKL's kernels on their plain code paths (no AVX), which round some sums differently.
+# Each change alone can be run with `make nbval-perturbed` and `make nbval-default-isa`. No notebook
+# sets these variables.
 TRAINING_CHAPTERS := book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb book/10_a_gpt_that_writes.ipynb book/15_decoding_at_scale.ipynb
+PERTURBED   := ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9
+DEFAULT_ISA := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
+NBVAL_TRAINING := $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope
 nbval-training: $(STAMP)
-	ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9 $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope
-	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE $(BIN)/python -m pytest --nbval $(TRAINING_CHAPTERS) -q -p no:cacheprovider -n 2 --dist loadscope
+	$(PERTURBED) $(DEFAULT_ISA) $(NBVAL_TRAINING)
+nbval-perturbed: $(STAMP)
+	$(PERTURBED) $(NBVAL_TRAINING)
+nbval-default-isa: $(STAMP)
+	$(DEFAULT_ISA) $(NBVAL_TRAINING)
 
 # The same book without any solution, for instructors: `hide_solutions` flipped in a copy of _config.yml.
 instructor-book: $(STAMP)
@@ -84,9 +98,20 @@ browser-test: $(STAMP)
 # halved the wall time of the heaviest unit tests here (farm-bench, 3 paired runs: A/B wall 0.51).
 # Nothing a test or a chapter checks depends on the thread count (the training chapters and the
 # benchmarks set one thread themselves, and the tests of that set other counts explicitly).
-unit nbval nbval-training: export OMP_NUM_THREADS := 1
+unit nbval checks nbval-training nbval-perturbed nbval-default-isa: export OMP_NUM_THREADS := 1
 
-test: unit nbval nbval-training strict-book-stored
+# Within `make test` each training runs once: chapter 9 retrains chapter 8's model, chapters 5 and 6
+# chapter 7's, the reader's edition reruns every chapter and the unit tests train the same recipes.
+# The first run stores its result in this folder, and every equal call after it, in any process,
+# loads it (attnlib.learn.memo: keyed on the arguments, the library's source, the versions and the
+# arithmetic's environment variables, so the perturbed run trains its own). Emptied when `make test`
+# starts; readers and `make book` never set it.
+TRAINING_CACHE := $(CURDIR)/_build/training-cache
+checks nbval-training: export ATTNLIB_TRAINING_CACHE := $(TRAINING_CACHE)
+fresh-training-cache:
+	rm -rf $(TRAINING_CACHE)
+
+test: fresh-training-cache checks nbval-training strict-book-stored
 	$(MAKE) --no-print-directory browser-test
 	@echo "make test: unit tests, nbval, the strict build and the browser check are done"
 

@@ -1,11 +1,12 @@
 """What the book prints about trained models does not depend on the CPU (issue 18).
 
-The models train in float64, and ``make nbval-training`` re-runs every chapter that reports a
-trained model twice: once with every model's initial weights changed by a relative 1e-9 before
-training (``ATTNLIB_PERTURB_INITIAL_WEIGHTS``, read by :func:`attnlib.learn.training.train`), once
-on other code paths of torch's and MKL's kernels (``ATEN_CPU_CAPABILITY=default
-MKL_CBWR=COMPATIBLE``). nbval then requires every stored output, glued numbers included, to come
-out the same.
+The models train in float64, and ``make nbval-training`` (part of ``make test``) re-runs every
+chapter that reports a trained model with two changes at once: every model's initial weights
+changed by a relative 1e-9 before training (``ATTNLIB_PERTURB_INITIAL_WEIGHTS``, read by
+:func:`attnlib.learn.training.train`), and torch's and MKL's kernels on other code paths
+(``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE``). nbval then requires every stored output,
+glued numbers included, to come out the same. ``make nbval-perturbed`` and ``make
+nbval-default-isa`` make each change alone.
 
 To register a chapter that trains a model: add its notebook to ``TRAINING_CHAPTERS`` in the
 Makefile (the test below fails until you do, for any chapter that imports attnlib.learn). Train
@@ -14,6 +15,8 @@ calls ``perturb_initial_weights(model)`` before its first step.
 """
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -48,13 +51,27 @@ def test_every_chapter_that_trains_a_model_is_checked_against_a_perturbed_start(
     assert listed <= {chapter.name for chapter in CHAPTERS}, "TRAINING_CHAPTERS names a missing notebook"
 
 
-def test_the_makefile_runs_the_training_chapters_twice_more_in_make_test():
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^test:.*\bnbval-training\b", makefile, re.MULTILINE)
-    recipe = makefile.split("\nnbval-training:", 1)[1].split("\n\n", 1)[0]
-    assert "ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9" in recipe
-    assert "ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE" in recipe
-    assert recipe.count("--nbval $(TRAINING_CHAPTERS)") == 2
+def _commands(target):
+    """The nbval commands ``make -n target`` prints."""
+    printed = subprocess.run(["make", "-n", "--no-print-directory", target],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [line for line in printed.splitlines() if "--nbval" in line]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_test_runs_the_training_chapters_again_perturbed_and_on_the_plain_kernels():
+    chapters = " ".join(f"book/{name}" for name in sorted(_training_chapters_in_the_makefile()))
+    perturbed, isa = "ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9", "ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE"
+    runs = _commands("test")
+    assert len(runs) == 2, runs  # every notebook with the unit tests, then the training chapters
+    assert "--nbval book tests" in runs[0] and not any(name in runs[0] for name in ENVIRONMENT_CHECKS)
+    again = runs[1]
+    assert perturbed in again and isa in again
+    assert " ".join(sorted(re.findall(r"book/\S+\.ipynb", again))) == chapters
+    (alone,) = _commands("nbval-perturbed")
+    assert perturbed in alone and "ATEN_CPU_CAPABILITY" not in alone
+    (alone,) = _commands("nbval-default-isa")
+    assert isa in alone and "ATTNLIB_PERTURB" not in alone
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)

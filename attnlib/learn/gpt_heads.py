@@ -26,6 +26,7 @@ import string
 import torch
 from torch.nn import functional
 
+from .memo import stored
 from .patching import run_with_heads
 
 
@@ -130,6 +131,7 @@ REPEAT_SEED = 7  # the generator of the repeated letters
 
 
 @torch.no_grad()
+@stored  # seconds per model; make test measures each stored model once
 def measure(model, vocab, heldout, n_repeated=256):
     """Everything the chapter reports about one model's heads, on ``heldout`` windows (n, T).
 

@@ -6,6 +6,11 @@ same recipe (a few seconds) once per process and caches the result. Chapter 8
 trains :data:`INDUCTION`'s model through :func:`trained_induction_model`, cached
 the same way, which chapter 9 decodes with.
 
+:func:`train_coreference` and :func:`train_induction` are wrapped in
+:func:`.memo.stored`: in ``make test`` (``ATTNLIB_TRAINING_CACHE`` set) each training
+runs once per session and every later process loads its result; for a reader they
+simply train.
+
 The recipes import without torch (the exercises read them); the functions
 import the models when they build one.
 """
@@ -13,6 +18,7 @@ import the models when they build one.
 import functools
 
 from .coreference import IT_POSITION, SENTENCE_LENGTH, VOCAB
+from .memo import stored
 
 # Task 1: one attention layer of 2 heads, then the pointer head.
 COREFERENCE = dict(d_model=32, n_heads=2, n_layers=1, steps=300, batch_size=64, lr=3e-3, seed=0)
@@ -42,6 +48,7 @@ def word_reader_model(recipe=WORD_READER):
                                seed=recipe["seed"])
 
 
+@stored
 def train_coreference(data, model, recipe=COREFERENCE, *, words=False, log=None):
     """Train ``model`` on ``data.train``, scoring it on ``data.test`` every 25 steps; a History.
 
@@ -124,6 +131,7 @@ def induction_batches(recipe=INDUCTION):
     return next_token_batches(recipe["batch_size"], segment_lengths=recipe.get("segment_lengths", SEGMENT_LENGTHS))
 
 
+@stored
 def train_induction(model, recipe=INDUCTION, *, log=None):
     """Train ``model`` on fresh sequences every step; ``(history, snapshots)``.
 
