@@ -81,10 +81,10 @@ def _key_block_grads(q_scaled, k_blk, v_blk, d_out, lse, delta, mask, d_q, j0, t
         p = np.exp(np.subtract(s, lse[..., rows, None], out=s), out=s)  # (n_q, n_k)
         d_v += p.swapaxes(-2, -1) @ d_out[..., rows, :]  # (n_k, n_q) @ (n_q, d_v)
         d_p = d_out[..., rows, :] @ v_blk.swapaxes(-2, -1)  # (n_q, d_v) @ (d_v, n_k)
-        # dS = P * (dP - delta), in place over dP
+        # dS~ = P * (dP - delta), delta = rowsum(dO * O) per query; in place over dP
         d_s = np.multiply(p, np.subtract(d_p, delta[..., rows, None], out=d_p), out=d_p)
         d_q[..., rows, :] += scale * (d_s @ k_blk)  # (n_q, n_k) @ (n_k, d_k)
-        d_k += d_s.swapaxes(-2, -1) @ q_scaled[..., rows, :]  # (n_k, n_q) @ (n_q, d_k)
+        d_k += d_s.swapaxes(-2, -1) @ q_scaled[..., rows, :]  # q_scaled holds scale * Q
     return d_k, d_v
 
 

@@ -263,9 +263,9 @@ def plot_backward_sizes(figsize=(10, 5.0)):
     node(xs[2], 4.1, "weights P\nT × T", SCORE, widths[2], color="white")
     node(xs[3], 4.1, "output O\nT × d", "#d9d9d9", widths[3])
     node(xs[3], 1.3, "dO\nT × d\n(from the loss)", "#fdd0a2", widths[3])
-    node(xs[2], 1.3, "P again, and\nits gradient dP\nT × T each", SCORE, widths[2],
+    node(xs[2], 1.3, "P again (from\nQ, K), and its\ngradient dP\nT × T each", SCORE, widths[2],
          color="white")
-    node(xs[1], 1.3, "dS, the scores'\ngradient\nT × T", SCORE, widths[1], color="white")
+    node(xs[1], 1.3, "dS̃, the scaled\nscores' gradient\nT × T", SCORE, widths[1], color="white")
     node(xs[0], 1.3, "dQ, dK\nT × d each", "#fdd0a2", widths[0])
     _box(ax, xs[2] + 1.6, -1.15, 1.6, 0.9, "#fdd0a2", "dV, T × d", fontsize=9)
     _arrow(ax, (xs[2] + 0.6, 0.47), (xs[2] + 1.5, -0.55), colour="#636363")  # from P
