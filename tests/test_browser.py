@@ -9,7 +9,6 @@ reader would trip over. The page checks themselves are in ``tools/browser.py``.
 import html
 import os
 import re
-import threading
 from pathlib import Path
 
 import pytest
@@ -82,48 +81,27 @@ def browser():
         yield chromium
 
 
-def _report(browser, page, width):
-    """Open ``page`` at ``width`` px in ``browser``; what the checks need to know about it."""
-    name = next(k for k, w in WIDTHS.items() if w == width)
-    tab = browser.open_page(page.as_uri(), width, {"desktop": 900, "phone": 844}[name])
-    typeset(tab)
-    report = page_report(tab)
-    report["figures"] = tab.evaluate(FIGURE_SCALES_JS, await_promise=False)
-    report["code_scrolls"] = tab.evaluate(CODE_FITS_JS, await_promise=False)
-    report["figures_cut"] = tab.evaluate(FIGURES_CUT_JS, await_promise=False)
-    report["reactions"] = tab.evaluate(REACT_JS, await_promise=False)
-    report["errors"] = tab.console_errors()
-    report["external"] = [u for u in tab.requests() if not u.startswith(("file:", "data:"))]
-    report["failed"] = tab.failed_loads()
-    tab.close()
-    return report
-
-
 @pytest.fixture(scope="module")
 def visits(browser):
-    """Open each (page, width) once, two at a time in two browsers; keep what the checks need.
-
-    A view that fails to open stores its error, and every check of that view fails with it."""
+    """Open each (page, width) once, lazily; keep what the checks need."""
     seen = {}
-
-    def open_all(chromium, views):
-        for page, width in views:
-            try:
-                seen[page, width] = _report(chromium, page, width)
-            except Exception as error:  # noqa: BLE001 - kept, raised by each check of the view
-                seen[page, width] = RuntimeError(f"{page.name} at {width} px did not open: {error!r}")
-
-    with Chromium() as second:  # started here, before any thread of ours runs
-        workers = [threading.Thread(target=open_all, args=(chromium, VIEWS[start::2]))
-                   for start, chromium in enumerate((browser, second))]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
 
     def visit(page, width):
         if (page, width) not in seen:
-            seen[page, width] = _report(browser, page, width)
+            seen[page, width] = RuntimeError(f"{page.name} at {width} px did not open")  # fail once
+            name = next(k for k, w in WIDTHS.items() if w == width)
+            tab = browser.open_page(page.as_uri(), width, {"desktop": 900, "phone": 844}[name])
+            typeset(tab)
+            report = page_report(tab)
+            report["figures"] = tab.evaluate(FIGURE_SCALES_JS, await_promise=False)
+            report["code_scrolls"] = tab.evaluate(CODE_FITS_JS, await_promise=False)
+            report["figures_cut"] = tab.evaluate(FIGURES_CUT_JS, await_promise=False)
+            report["reactions"] = tab.evaluate(REACT_JS, await_promise=False)
+            report["errors"] = tab.console_errors()
+            report["external"] = [u for u in tab.requests() if not u.startswith(("file:", "data:"))]
+            report["failed"] = tab.failed_loads()
+            tab.close()
+            seen[page, width] = report
         if isinstance(seen[page, width], Exception):
             raise seen[page, width]
         return seen[page, width]
