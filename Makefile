@@ -40,7 +40,8 @@ nbval: $(STAMP)
 # The unit tests and nbval over every notebook in one pytest session (what `make test` runs), so
 # that the two workers stay busy from the first file to the last. xdist hands out the files with the
 # most tests first. (Handing out the slowest files first instead, an explicit list, was slower here:
-# 9:56 and 9:59 against 7:20 and 7:36; the robustness run 2:55 against 2:18 and 2:35.)
+# 9:56 and 9:59 against 7:20 and 7:36; the robustness run 2:55 against 2:18 and 2:35; but this
+# machine's speed drifted by about 1.6x within the same session, so that comparison is not proof.)
 # -p tools.nbval_retry, in every nbval run: a notebook's kernel that dies while it starts (another
 # socket took one of its ports first; it happened once here) is started again; tools/nbval_retry.py.
 checks: $(STAMP)
