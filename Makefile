@@ -37,23 +37,13 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(BIN)/python -m pytest --nbval book -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope
 
-# The unit tests and nbval over every notebook in one pytest session (what `make test` runs), so
-# that the two workers stay busy from the first file to the last. xdist hands out the files with the
-# most tests first. (Handing out the slowest files first instead, an explicit list, was slower here:
-# 9:56 and 9:59 against 7:20 and 7:36; the robustness run 2:55 against 2:18 and 2:35; but this
-# machine's speed drifted by about 1.6x within the same session, so that comparison is not proof.)
-# -p tools.nbval_retry, in every nbval run: a notebook's kernel that dies while it starts (another
-# socket took one of its ports first; it happened once here) is started again; tools/nbval_retry.py.
-checks: $(STAMP)
-	$(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope
-
 # The chapters that report trained models (they import attnlib.learn; tests/test_training_robustness.py
 # checks that the list is complete). What they print must not depend on the CPU's rounding, so nbval
-# runs them once more on another machine's arithmetic, two changes at once: every model's initial
-# weights changed by a relative 1e-9 before training (attnlib.learn.training.perturb_initial_weights),
-# and torch's and MKL's kernels on their plain code paths (no AVX), which round some sums differently.
-# Each change alone can be run with `make nbval-perturbed` and `make nbval-default-isa`. No notebook
-# sets these variables.
+# runs them on another machine's arithmetic (in make test's checks, below), two changes at once:
+# every model's initial weights changed by a relative 1e-9 before training
+# (attnlib.learn.training.perturb_initial_weights), and torch's and MKL's kernels on their plain code paths (no AVX), which round some sums differently.
+# `make nbval-training` runs them so alone; each change alone: `make nbval-perturbed` and
+# `make nbval-default-isa`. No notebook sets these variables.
 TRAINING_CHAPTERS := book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb book/10_a_gpt_that_writes.ipynb book/15_decoding_at_scale.ipynb
 PERTURBED   := ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9
 DEFAULT_ISA := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
@@ -64,6 +54,21 @@ nbval-perturbed: $(STAMP)
 	$(PERTURBED) $(NBVAL_TRAINING)
 nbval-default-isa: $(STAMP)
 	$(DEFAULT_ISA) $(NBVAL_TRAINING)
+
+# make test's checks: the unit tests and nbval over every notebook in one pytest session, so that
+# the two workers stay busy from the first file to the last (xdist hands out the files with the most
+# tests first; handing out the slowest first, an explicit list, measured no faster here). The training
+# chapters' kernels run on the other arithmetic (both changes at once; tools/nbval_arithmetic.py),
+# every other notebook's on this machine's. That replaces a second session of the training chapters
+# after the first (4 minutes here): the code those chapters show still runs on this machine's
+# arithmetic in their reader's edition (book/reader/: the same cells and stored outputs, without the
+# cells the book removes and the solutions, which tests/test_exercises.py runs). `make nbval` runs
+# every notebook on this machine's arithmetic alone.
+# -p tools.nbval_retry, in every nbval run: a notebook's kernel that dies while it starts (another
+# socket took one of its ports first; it happened once here) is started again; tools/nbval_retry.py.
+checks: $(STAMP)
+	$(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope \
+	  -p tools.nbval_arithmetic --other-arithmetic="$(TRAINING_CHAPTERS)" --other-arithmetic-env="$(PERTURBED) $(DEFAULT_ISA)"
 
 # The same book without any solution, for instructors: `hide_solutions` flipped in a copy of _config.yml.
 instructor-book: $(STAMP)
@@ -116,7 +121,7 @@ checks nbval-training: export ATTNLIB_TRAINING_CACHE := $(TRAINING_CACHE)
 fresh-training-cache:
 	rm -rf $(TRAINING_CACHE)
 
-test: fresh-training-cache checks nbval-training strict-book-stored
+test: fresh-training-cache checks strict-book-stored
 	$(MAKE) --no-print-directory browser-test
 	@echo "make test: unit tests, nbval, the strict build and the browser check are done"
 

@@ -64,3 +64,17 @@ def random_bool_mask(rng, shape, causal=False):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def make_nbval_commands(target):
+    """The nbval commands ``make -n target`` prints, each on one line (continuations joined)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    printed = subprocess.run(["make", "-n", "--no-print-directory", target],
+                             cwd=Path(__file__).resolve().parent.parent,
+                             capture_output=True, text=True, check=True).stdout
+    return [line for line in printed.replace("\\\n", " ").splitlines() if "--nbval" in line]

@@ -1,8 +1,9 @@
 """What the book prints about trained models does not depend on the CPU (issue 18).
 
-The models train in float64, and ``make nbval-training`` (part of ``make test``) re-runs every
-chapter that reports a trained model with two changes at once: every model's initial weights
-changed by a relative 1e-9 before training (``ATTNLIB_PERTURB_INITIAL_WEIGHTS``, read by
+The models train in float64, and ``make test`` runs every chapter that reports a trained model
+with two changes to its kernel's environment at once (tools/nbval_arithmetic.py; ``make
+nbval-training`` does the same alone): every model's initial weights changed by a relative 1e-9
+before training (``ATTNLIB_PERTURB_INITIAL_WEIGHTS``, read by
 :func:`attnlib.learn.training.train`), and torch's and MKL's kernels on other code paths
 (``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE``). nbval then requires every stored output,
 glued numbers included, to come out the same. ``make nbval-perturbed`` and ``make
@@ -15,8 +16,6 @@ calls ``perturb_initial_weights(model)`` before its first step.
 """
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import nbformat
@@ -25,6 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnlib.learn import coreference, recipes, training  # noqa: E402
+from conftest import make_nbval_commands  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
@@ -51,28 +51,23 @@ def test_every_chapter_that_trains_a_model_is_checked_against_a_perturbed_start(
     assert listed <= {chapter.name for chapter in CHAPTERS}, "TRAINING_CHAPTERS names a missing notebook"
 
 
-def _commands(target):
-    """The nbval commands ``make -n target`` prints."""
-    printed = subprocess.run(["make", "-n", "--no-print-directory", target],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [line for line in printed.splitlines() if "--nbval" in line]
-
-
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_make_test_runs_the_training_chapters_again_perturbed_and_on_the_plain_kernels():
-    chapters = " ".join(f"book/{name}" for name in sorted(_training_chapters_in_the_makefile()))
-    perturbed, isa = "ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9", "ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE"
-    runs = _commands("test")
-    assert len(runs) == 2, runs  # every notebook with the unit tests, then the training chapters
-    assert "--nbval book tests" in runs[0]  # every notebook and every unit test
-    assert not any(name in runs[0] for name in ENVIRONMENT_CHECKS)
-    again = runs[1]
-    assert perturbed in again and isa in again
-    assert " ".join(sorted(re.findall(r"book/\S+\.ipynb", again))) == chapters
-    (alone,) = _commands("nbval-perturbed")
-    assert perturbed in alone and "ATEN_CPU_CAPABILITY" not in alone
-    (alone,) = _commands("nbval-default-isa")
-    assert isa in alone and "ATTNLIB_PERTURB" not in alone
+def test_make_test_runs_the_training_chapters_perturbed_and_on_the_plain_kernels():
+    chapters = sorted(f"book/{name}" for name in _training_chapters_in_the_makefile())
+    perturbed, isa = ["ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9"], ["ATEN_CPU_CAPABILITY=default", "MKL_CBWR=COMPATIBLE"]
+    (run,) = make_nbval_commands("test")  # every notebook and every unit test in one session
+    assert "--nbval book tests" in run and "-p tools.nbval_arithmetic" in run
+    assert not re.match(r"\s*\w+=", run)  # the session itself on this machine's arithmetic ...
+    listed = re.search(r'--other-arithmetic="([^"]*)"', run).group(1).split()
+    env = re.search(r'--other-arithmetic-env="([^"]*)"', run).group(1).split()
+    assert sorted(listed) == chapters  # ... the training chapters' kernels on the other
+    assert sorted(env) == sorted(perturbed + isa)
+    (alone,) = make_nbval_commands("nbval-training")
+    assert all(pair in alone for pair in perturbed + isa)
+    assert sorted(re.findall(r"book/\S+\.ipynb", alone)) == chapters
+    (alone,) = make_nbval_commands("nbval-perturbed")
+    assert perturbed[0] in alone and "ATEN_CPU_CAPABILITY" not in alone
+    (alone,) = make_nbval_commands("nbval-default-isa")
+    assert all(pair in alone for pair in isa) and "ATTNLIB_PERTURB" not in alone
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
