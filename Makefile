@@ -1,9 +1,9 @@
 # Two commands do everything on a fresh machine with Python 3.11+ and make:
 #   make book   install into .venv, execute every chapter, build the HTML
-#   make test   install, unit tests and nbval over every notebook (one session), the training chapters
-#               again on another machine's arithmetic, strict book build (from the outputs
-#               nbval has just checked), and the browser test of that build (when a Chromium is installed; skipped, and said so,
-#               when not)
+#   make test   install, the strict book build from the stored outputs, then the unit tests and nbval
+#               over every notebook (one session; the training chapters on another machine's
+#               arithmetic) and, beside them, the browser test of that build (when a Chromium is
+#               installed; skipped, and said so, when not)
 # Also: make notebooks (re-execute and tidy the chapters), make reader (rewrite their plain-Markdown
 # edition in book/reader/), make lab (open that edition in JupyterLab).
 
@@ -66,9 +66,10 @@ nbval-default-isa: $(STAMP)
 # every notebook on this machine's arithmetic alone.
 # -p tools.nbval_retry, in every nbval run: a notebook's kernel that dies while it starts (another
 # socket took one of its ports first; it happened once here) is started again; tools/nbval_retry.py.
-checks: $(STAMP)
-	$(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope \
+CHECKS = $(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope \
 	  -p tools.nbval_arithmetic --other-arithmetic="$(TRAINING_CHAPTERS)" --other-arithmetic-env="$(PERTURBED) $(DEFAULT_ISA)"
+checks: $(STAMP)
+	$(CHECKS)
 
 # The same book without any solution, for instructors: `hide_solutions` flipped in a copy of _config.yml.
 instructor-book: $(STAMP)
@@ -81,9 +82,9 @@ instructor-book: $(STAMP)
 strict-book: $(STAMP)
 	$(JB) build . --builder html --all -W -n --keep-going
 
-# The same strict build inside `make test`, from the stored outputs: nbval has just executed every
-# chapter and compared every output with the stored one, so a fourth execution would repeat that check
-# (about 4 minutes on 2 cores). `make book` and `make strict-book` still execute every chapter.
+# The same strict build inside `make test`, from the stored outputs: nbval, in the same make test,
+# executes every chapter and compares every output with the stored one, so another execution here
+# would repeat that check (about 4 minutes on 2 cores). `make book` and `make strict-book` still execute every chapter.
 STORED_CONFIG := _build/stored-outputs/_config.yml
 strict-book-stored: $(STAMP)
 	mkdir -p _build/stored-outputs
@@ -94,21 +95,22 @@ strict-book-stored: $(STAMP)
 # Headless Chromium opens every page of the strict build (_build/html) offline, at 1280 px and
 # 390 px: math typeset, images loaded, nothing wider than the column, interactive figures
 # react, no console errors, solutions collapsed. Needs `make strict-book` first.
-browser-test: $(STAMP)
-	@if ! $(BIN)/python -c "from tools.browser import find_chromium; raise SystemExit(find_chromium() is None)"; then \
+BROWSER_TEST = if ! $(BIN)/python -c "from tools.browser import find_chromium; raise SystemExit(find_chromium() is None)"; then \
 	  echo "make test: SKIPPED the browser test: no Chromium found (apt-get install chromium)"; \
 	elif [ ! -f _build/html/index.html ]; then \
 	  echo "make browser-test: no built book in _build/html; run make strict-book first" >&2; exit 1; \
 	else \
 	  BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest tests/test_browser.py -q -p no:cacheprovider; \
 	fi
+browser-test: $(STAMP)
+	@$(BROWSER_TEST)
 
 # Two pytest workers share the machine's 2 cores, and torch and NumPy each start one thread per core:
 # four busy threads on two cores, whose OpenMP threads spin while they wait. One thread per worker
 # halved the wall time of the heaviest unit tests here (farm-bench, 3 paired runs: A/B wall 0.51).
 # Nothing a test or a chapter checks depends on the thread count (the training chapters and the
 # benchmarks set one thread themselves, and the tests of that set other counts explicitly).
-unit nbval checks nbval-training nbval-perturbed nbval-default-isa: export OMP_NUM_THREADS := 1
+unit nbval checks test nbval-training nbval-perturbed nbval-default-isa: export OMP_NUM_THREADS := 1
 
 # Within `make test` each training runs once: chapter 9 retrains chapter 8's model, chapters 5 and 6
 # chapter 7's, the reader's edition reruns every chapter and the unit tests train the same recipes.
@@ -117,13 +119,27 @@ unit nbval checks nbval-training nbval-perturbed nbval-default-isa: export OMP_N
 # arithmetic's environment variables, so the perturbed run trains its own). Emptied when `make test`
 # starts; readers and `make book` never set it.
 TRAINING_CACHE := $(CURDIR)/_build/training-cache
-checks nbval-training: export ATTNLIB_TRAINING_CACHE := $(TRAINING_CACHE)
+checks test nbval-training: export ATTNLIB_TRAINING_CACHE := $(TRAINING_CACHE)
 fresh-training-cache:
 	rm -rf $(TRAINING_CACHE)
 
-test: fresh-training-cache checks strict-book-stored
-	$(MAKE) --no-print-directory browser-test
-	@echo "make test: unit tests, nbval, the strict build and the browser check are done"
+# The browser test spends most of its time waiting for Chromium (about 35 s of CPU in 90 s here),
+# so it runs beside the checks session, which is niced so that the browser's page loads do not wait
+# behind it; its report, kept in _build/browser-test.log, is printed after the checks'. The strict
+# build renders the stored outputs before nbval has compared them with a fresh run: a difference
+# fails make test all the same.
+BROWSER_LOG := _build/browser-test.log
+# (No $$(MAKE) in this recipe: `make -n test`, which the tests read, would run such a line.)
+test: fresh-training-cache strict-book-stored
+	@echo "make test: the browser test runs beside the checks; its report follows theirs"
+	@( $(BROWSER_TEST) ) > $(BROWSER_LOG) 2>&1 & browser=$$!; \
+	nice -n 10 $(CHECKS); checks=$$?; \
+	wait $$browser; browser=$$?; \
+	echo "--- the browser test ($(BROWSER_LOG)):"; cat $(BROWSER_LOG); \
+	if [ $$checks -ne 0 ] || [ $$browser -ne 0 ]; then \
+	  echo "make test: FAILED (checks exit $$checks, browser test exit $$browser)"; exit 1; \
+	fi
+	@echo "make test: the strict build, unit tests, nbval and the browser check are done"
 
 # Re-execute every chapter in place, so the stored outputs match a fresh run (nbval checks this):
 # first each chapter's set-up cell from _config.yml, then the run, then what the reader sees

@@ -399,32 +399,50 @@ def test_triton_simple_names_the_window():
 
 # ---------------------------------------------------------------- no host sync under unchecked()
 
+def _unchecked_case(case):
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    mask[:2] = False
+    return {"empty_rows": dict(mask=mask, empty_rows="zero"),
+            "mask_mod": dict(mask_mod=mods.causal()),
+            "score_and_mask": dict(score_mod=mods.alibi(3), mask_mod=mods.sliding_window(4)),
+            "document": dict(mask_mod=mods.document(torch.arange(16) // 5))}[case]
+
+
 @pytest.mark.parametrize("backend", ["torch", "sdpa"])
 @pytest.mark.parametrize("case", ["empty_rows", "mask_mod", "score_and_mask", "document"])
 def test_mods_and_zero_rows_compile_without_graph_breaks_unchecked(backend, case):
     """Under attnlib.unchecked(), calls with mods or empty_rows='zero' trace into one graph: no value is
-    read on the host. Checked, the empty-row check reads one (a graph break)."""
-    mask = torch.ones(16, 16, dtype=torch.bool).tril()
-    mask[:2] = False
-    kw = {"empty_rows": dict(mask=mask, empty_rows="zero"),
-          "mask_mod": dict(mask_mod=mods.causal()),
-          "score_and_mask": dict(score_mod=mods.alibi(3), mask_mod=mods.sliding_window(4)),
-          "document": dict(mask_mod=mods.document(torch.arange(16) // 5))}[case]
+    read on the host; and they give the checked call's output, bit for bit."""
+    kw = _unchecked_case(case)
     q = torch.randn(2, 3, 16, 8, generator=torch.Generator().manual_seed(0))
 
     def step(q):
         with attnlib.unchecked():
             return attnlib.attention(q, q, q, backend=backend, **kw)
 
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(q)
+    assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
+    torch.testing.assert_close(step(q), attnlib.attention(q, q, q, backend=backend, **kw),
+                               atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa"])
+def test_the_same_call_checked_breaks_the_graph(backend):
+    """The control for the test above: checked, the call reads values on the host (the finiteness and
+    empty-row checks), which explain() counts as graph breaks. The first break comes from the inputs'
+    finiteness check, before any mask or mod is read, so one case per backend shows it for all."""
+    kw = _unchecked_case("empty_rows")
+    q = torch.randn(2, 3, 16, 8, generator=torch.Generator().manual_seed(0))
+
     def checked(q):
         return attnlib.attention(q, q, q, backend=backend, **kw)
 
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(step)(q)
-    assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
-    torch._dynamo.reset()
-    assert torch._dynamo.explain(checked)(q).graph_break_count >= 1
-    torch.testing.assert_close(step(q), checked(q), atol=0, rtol=0)
+    explained = torch._dynamo.explain(checked)(q)
+    assert explained.graph_break_count >= 1
+    assert any("check_finite" in str(r.user_stack) or "all_finite" in str(r.user_stack)
+               for r in explained.break_reasons), [str(r.reason)[:300] for r in explained.break_reasons]
 
 
 def test_attention_weights_take_the_mods(qkv):

@@ -6,7 +6,7 @@ same recipe (a few seconds) once per process and caches the result. Chapter 8
 trains :data:`INDUCTION`'s model through :func:`trained_induction_model`, cached
 the same way, which chapter 9 decodes with.
 
-:func:`train_coreference` and :func:`train_induction` are wrapped in
+:func:`train_coreference`, :func:`train_reversal` and :func:`train_induction` are wrapped in
 :func:`.memo.stored`: in ``make test`` (``ATTNLIB_TRAINING_CACHE`` set) each training
 runs once per session and every later process loads its result; for a reader they
 simply train.
@@ -86,6 +86,7 @@ def reversal_model(recipe=REVERSAL):
                                seed=recipe["seed"])
 
 
+@stored
 def train_reversal(model, test_tokens, test_targets, recipe=REVERSAL, log=None):
     """Train ``model`` on fresh random sequences every step, scoring it on a test set every 25 steps."""
     from .reversal import random_sequences
