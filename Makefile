@@ -1,9 +1,9 @@
 # Two commands do everything on a fresh machine with Python 3.11+ and make:
 #   make book   install into .venv, execute every chapter, build the HTML
-#   make test   install, the strict book build from the stored outputs, then the unit tests and nbval
-#               over every notebook (one session; the training chapters on another machine's
-#               arithmetic) and, beside them, the browser test of that build (when a Chromium is
-#               installed; skipped, and said so, when not)
+#   make test   install, then the unit tests and nbval over every notebook (one session; the training
+#               chapters on another machine's arithmetic) and, beside them, the strict book build from
+#               the stored outputs and the browser test of that build (when a Chromium is installed;
+#               skipped, and said so, when not)
 # Also: make notebooks (re-execute and tidy the chapters), make reader (rewrite their plain-Markdown
 # edition in book/reader/), make lab (open that edition in JupyterLab).
 
@@ -58,16 +58,19 @@ nbval-default-isa: $(STAMP)
 # make test's checks: the unit tests and nbval over every notebook in one pytest session, so that
 # the two workers stay busy from the first file to the last (xdist hands out the files with the most
 # tests first; handing out the slowest first, an explicit list, measured no faster here). The training
-# chapters' kernels run on the other arithmetic (both changes at once; tools/nbval_arithmetic.py),
+# chapters' kernels run on the other arithmetic (both changes at once; tools/nbval_kernels.py),
 # every other notebook's on this machine's. That replaces a second session of the training chapters
 # after the first (4 minutes here): the code those chapters show still runs on this machine's
 # arithmetic in their reader's edition (book/reader/: the same cells and stored outputs, without the
 # cells the book removes and the solutions, which tests/test_exercises.py runs). `make nbval` runs
-# every notebook on this machine's arithmetic alone.
+# every notebook on this machine's arithmetic alone. The edition's kernels draw no figures
+# (--no-drawing): nbval compares no pictures, and the book's notebooks draw the same figure code
+# in the same session (about 0.6 s a figure here).
 # -p tools.nbval_retry, in every nbval run: a notebook's kernel that dies while it starts (another
 # socket took one of its ports first; it happened once here) is started again; tools/nbval_retry.py.
 CHECKS = $(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope \
-	  -p tools.nbval_arithmetic --other-arithmetic="$(TRAINING_CHAPTERS)" --other-arithmetic-env="$(PERTURBED) $(DEFAULT_ISA)"
+	  -p tools.nbval_kernels --other-arithmetic="$(TRAINING_CHAPTERS)" --other-arithmetic-env="$(PERTURBED) $(DEFAULT_ISA)" \
+	  --no-drawing=book/reader
 checks: $(STAMP)
 	$(CHECKS)
 
@@ -86,11 +89,12 @@ strict-book: $(STAMP)
 # executes every chapter and compares every output with the stored one, so another execution here
 # would repeat that check (about 4 minutes on 2 cores). `make book` and `make strict-book` still execute every chapter.
 STORED_CONFIG := _build/stored-outputs/_config.yml
-strict-book-stored: $(STAMP)
-	mkdir -p _build/stored-outputs
-	sed 's/execute_notebooks: force/execute_notebooks: "off"/' _config.yml > $(STORED_CONFIG)
-	grep -q 'execute_notebooks: "off"' $(STORED_CONFIG)
+STRICT_BOOK_STORED = mkdir -p _build/stored-outputs && \
+	sed 's/execute_notebooks: force/execute_notebooks: "off"/' _config.yml > $(STORED_CONFIG) && \
+	grep -q 'execute_notebooks: "off"' $(STORED_CONFIG) && \
 	$(JB) build . --builder html --all -W -n --keep-going --config $(STORED_CONFIG)
+strict-book-stored: $(STAMP)
+	$(STRICT_BOOK_STORED)
 
 # Headless Chromium opens every page of the strict build (_build/html) offline, at 1280 px and
 # 390 px: math typeset, images loaded, nothing wider than the column, interactive figures
@@ -123,21 +127,21 @@ checks test nbval-training: export ATTNLIB_TRAINING_CACHE := $(TRAINING_CACHE)
 fresh-training-cache:
 	rm -rf $(TRAINING_CACHE)
 
-# The browser test spends most of its time waiting for Chromium (about 35 s of CPU in 90 s here),
-# so it runs beside the checks session, which is niced so that the browser's page loads do not wait
-# behind it; its report, kept in _build/browser-test.log, is printed after the checks'. The strict
-# build renders the stored outputs before nbval has compared them with a fresh run: a difference
-# fails make test all the same.
-BROWSER_LOG := _build/browser-test.log
+# The strict build from the stored outputs and then the browser test run beside the checks session,
+# which is niced so that the browser's page loads do not wait behind it: the browser test spends
+# most of its time waiting for Chromium (about 35 s of CPU in 90 s here). Their report, kept in
+# _build/book-and-browser.log, is printed after the checks'. The strict build renders the stored
+# outputs while nbval compares them with a fresh run: a difference fails make test all the same.
 # (No $$(MAKE) in this recipe: `make -n test`, which the tests read, would run such a line.)
-test: fresh-training-cache strict-book-stored
-	@echo "make test: the browser test runs beside the checks; its report follows theirs"
-	@( $(BROWSER_TEST) ) > $(BROWSER_LOG) 2>&1 & browser=$$!; \
+BROWSER_LOG := _build/book-and-browser.log
+test: fresh-training-cache $(STAMP)
+	@echo "make test: the strict build, then the browser test, run beside the checks; their report follows"
+	@mkdir -p _build; ( $(STRICT_BOOK_STORED) && $(BROWSER_TEST) ) > $(BROWSER_LOG) 2>&1 & browser=$$!; \
 	nice -n 10 $(CHECKS); checks=$$?; \
 	wait $$browser; browser=$$?; \
-	echo "--- the browser test ($(BROWSER_LOG)):"; cat $(BROWSER_LOG); \
+	echo "--- the strict build and the browser test ($(BROWSER_LOG)):"; cat $(BROWSER_LOG); \
 	if [ $$checks -ne 0 ] || [ $$browser -ne 0 ]; then \
-	  echo "make test: FAILED (checks exit $$checks, browser test exit $$browser)"; exit 1; \
+	  echo "make test: FAILED (checks exit $$checks, strict build and browser test exit $$browser)"; exit 1; \
 	fi
 	@echo "make test: the strict build, unit tests, nbval and the browser check are done"
 

@@ -1,7 +1,7 @@
 """What the book prints about trained models does not depend on the CPU (issue 18).
 
 The models train in float64, and ``make test`` runs every chapter that reports a trained model
-with two changes to its kernel's environment at once (tools/nbval_arithmetic.py; ``make
+with two changes to its kernel's environment at once (tools/nbval_kernels.py; ``make
 nbval-training`` does the same alone): every model's initial weights changed by a relative 1e-9
 before training (``ATTNLIB_PERTURB_INITIAL_WEIGHTS``, read by
 :func:`attnlib.learn.training.train`), and torch's and MKL's kernels on other code paths
@@ -55,7 +55,7 @@ def test_make_test_runs_the_training_chapters_perturbed_and_on_the_plain_kernels
     chapters = sorted(f"book/{name}" for name in _training_chapters_in_the_makefile())
     perturbed, isa = ["ATTNLIB_PERTURB_INITIAL_WEIGHTS=1e-9"], ["ATEN_CPU_CAPABILITY=default", "MKL_CBWR=COMPATIBLE"]
     (run,) = make_nbval_commands("test")  # every notebook and every unit test in one session
-    assert "--nbval book tests" in run and "-p tools.nbval_arithmetic" in run
+    assert "--nbval book tests" in run and "-p tools.nbval_kernels" in run
     assert not re.match(r"\s*\w+=", run)  # the session itself on this machine's arithmetic ...
     listed = re.search(r'--other-arithmetic="([^"]*)"', run).group(1).split()
     env = re.search(r'--other-arithmetic-env="([^"]*)"', run).group(1).split()
