@@ -41,7 +41,8 @@ nbval: $(STAMP)
 # checks that the list is complete). What they print must not depend on the CPU's rounding, so nbval
 # runs them on another machine's arithmetic (in make test's checks, below), two changes at once:
 # every model's initial weights changed by a relative 1e-9 before training
-# (attnlib.learn.training.perturb_initial_weights), and torch's and MKL's kernels on their plain code paths (no AVX), which round some sums differently.
+# (attnlib.learn.training.perturb_initial_weights), and torch's and MKL's kernels on their plain
+# code paths (no AVX), which round some sums differently.
 # `make nbval-training` runs them so alone; each change alone: `make nbval-perturbed` and
 # `make nbval-default-isa`. No notebook sets these variables.
 TRAINING_CHAPTERS := book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb book/10_a_gpt_that_writes.ipynb book/15_decoding_at_scale.ipynb
@@ -87,7 +88,8 @@ strict-book: $(STAMP)
 
 # The same strict build inside `make test`, from the stored outputs: nbval, in the same make test,
 # executes every chapter and compares every output with the stored one, so another execution here
-# would repeat that check (about 4 minutes on 2 cores). `make book` and `make strict-book` still execute every chapter.
+# would repeat that check (about 4 minutes on 2 cores). `make book` and `make strict-book` still
+# execute every chapter.
 STORED_CONFIG := _build/stored-outputs/_config.yml
 STRICT_BOOK_STORED = mkdir -p _build/stored-outputs && \
 	sed 's/execute_notebooks: force/execute_notebooks: "off"/' _config.yml > $(STORED_CONFIG) && \

@@ -1,6 +1,7 @@
 """tools/nbval_kernels.py: the listed notebooks' kernels, and only theirs, get the extra variables or
 draw no figures."""
 
+import os
 import re
 import subprocess
 import sys
@@ -32,7 +33,6 @@ def _pytest(tmp_path, *options):
 
 
 def _env():
-    import os
     return {name: value for name, value in os.environ.items()
             if name not in (PROBE, "PYTEST_ADDOPTS", "IPYTHONDIR")}
 

@@ -24,6 +24,7 @@ A failure in a listed notebook says, under its report, what its kernel had.
 """
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -93,8 +94,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     settings = config.stash.get(_KEY, None)
     if settings and settings["profile"]:
-        import shutil
-
         shutil.rmtree(settings["profile"], ignore_errors=True)
 
 
