@@ -39,7 +39,7 @@ $(STAMP): requirements.txt pyproject.toml | $(BIN)/python
 	wait $$torch && [ $$rest -eq 0 ]
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip check
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 book: $(STAMP)

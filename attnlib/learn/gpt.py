@@ -284,13 +284,19 @@ def evaluation_line(seed, heldout, baseline):
             f"(unigram {baseline['unigram']:.3f}, bigram {baseline['bigram']:.3f})")
 
 
+@functools.cache
+def _stored_heldout_losses(directory):
+    return {seed: heldout_loss(load(folder)[0]) for seed, folder in stored_seeds(directory).items()}
+
+
+def stored_heldout_losses(directory=DEFAULT_DIR):
+    """``{seed: held-out loss}`` of every stored checkpoint, recomputed once per process (seconds each)."""
+    return dict(_stored_heldout_losses(Path(directory).resolve()))
+
+
 def evaluate(directory=DEFAULT_DIR):
     """One :func:`evaluation_line` per stored checkpoint, its held-out loss recomputed."""
-    lines = []
-    for seed, folder in stored_seeds(directory).items():
-        model, _, _ = load(folder)
-        lines.append(evaluation_line(seed, heldout_loss(model), baselines()))
-    return lines
+    return [evaluation_line(seed, loss, baselines()) for seed, loss in stored_heldout_losses(directory).items()]
 
 
 def main(argv=None):
