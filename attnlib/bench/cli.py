@@ -294,11 +294,13 @@ def save_plot(rows, stamp, path):
 
 def dry_run(options, device):
     """Print the options and the rows a run would time, and return 0; nothing is timed."""
-    names = options["kernels"] or kernels.available_kernels(device)
-    if device == "cuda":  # on a machine without a GPU, list what a GPU would run
+    names = options["kernels"]  # a preset that names its kernels needs no backend imported (nor torch)
+    if not names and device == "cuda":  # on a machine without a GPU, list what a GPU would run
         torch_backends = [k for k in kernels.available_kernels("cpu")
                           if kernels.array_kind(k) == "torch" and k not in kernels.SDPA_KERNELS]
-        names = options["kernels"] or torch_backends + list(kernels.SDPA_KERNELS) + ["triton-simple", "triton"]
+        names = torch_backends + list(kernels.SDPA_KERNELS) + ["triton-simple", "triton"]
+    elif not names:
+        names = kernels.available_kernels(device)
     configs = sweep.build_configs(
         names, options["seq_lens"], batch=options["batch"], heads=options["heads"],
         head_dims=options["head_dims"], dtypes=options["dtypes"],
