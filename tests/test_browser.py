@@ -2,8 +2,9 @@
 
 Runs on the HTML in ``$BOOK_HTML`` (``make browser-test`` sets it to the strict build,
 ``_build/html``) and is skipped without it or without a Chromium. Each page is opened
-from disk with the network off, at 1280 px and at 390 px wide, and checked for what a
-reader would trip over. The page checks themselves are in ``tools/browser.py``.
+from disk with the network off, 390 px wide as on a phone, then widened to 1280 px, and
+checked at both widths for what a reader would trip over. The page checks themselves are
+in ``tools/browser.py``.
 """
 
 import html
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.browser import WIDTHS, Chromium, find_chromium, page_report, typeset
+from tools.browser import HEIGHT, WIDTHS, Chromium, find_chromium, page_report, typeset
 
 BOOK = Path(os.environ["BOOK_HTML"]) if os.environ.get("BOOK_HTML") else None
 pytestmark = [
@@ -57,9 +58,12 @@ REACT_JS = """(() => {
             const slider = root.querySelector("input.attn-slider");
             // a figure may open on any frame (data-frame counts from 1): "next" shows the one after it
             const opened = Number(before[0]);
-            results.push({id: root.id, kind: "frames", ok: !!next && !!slider && opened >= 1
+            const prev = root.querySelector("button.attn-prev");
+            if (prev) prev.click();  // and back: the figure is left as it opened, for the next width
+            const back = [root.dataset.frame, visible()];
+            results.push({id: root.id, kind: "frames", ok: !!next && !!slider && !!prev && opened >= 1
                 && opened < frames && before[1] === opened - 1 && Number(after[0]) === opened + 1
-                && after[1] === opened});
+                && after[1] === opened && back[0] === before[0] && back[1] === before[1]});
         }
         const readout = root.querySelector(".attn-readout");
         if (readout) {
@@ -69,6 +73,8 @@ REACT_JS = """(() => {
             cell.dispatchEvent(new MouseEvent("mouseover", {bubbles: true}));
             results.push({id: root.id, kind: "readout", ok: readout.textContent !== before
                 && readout.textContent === cell.dataset.readout});
+            readout.textContent = before;  // left as it opened, for the next width
+            cell.classList.remove("attn-hover");
         }
     }
     return results;
@@ -81,27 +87,36 @@ def browser():
         yield chromium
 
 
+def _report(tab):
+    report = page_report(tab)
+    report["figures"] = tab.evaluate(FIGURE_SCALES_JS, await_promise=False)
+    report["code_scrolls"] = tab.evaluate(CODE_FITS_JS, await_promise=False)
+    report["figures_cut"] = tab.evaluate(FIGURES_CUT_JS, await_promise=False)
+    report["reactions"] = tab.evaluate(REACT_JS, await_promise=False)
+    report["errors"] = tab.console_errors()
+    report["external"] = [u for u in tab.requests() if not u.startswith(("file:", "data:"))]
+    report["failed"] = tab.failed_loads()
+    report["viewport"] = tab.evaluate("document.documentElement.clientWidth", await_promise=False)
+    return report
+
+
 @pytest.fixture(scope="module")
 def visits(browser):
-    """Open each (page, width) once, lazily; keep what the checks need."""
+    """Open each page once, lazily, as a phone does (390 px), then widen the same window to 1280 px:
+    a report at each width. The widening lays the page out again (media queries, resize handlers)
+    without loading or typesetting it a second time, which is most of the browser's work."""
     seen = {}
 
     def visit(page, width):
         if (page, width) not in seen:
-            seen[page, width] = RuntimeError(f"{page.name} at {width} px did not open")  # fail once
-            name = next(k for k, w in WIDTHS.items() if w == width)
-            tab = browser.open_page(page.as_uri(), width, {"desktop": 900, "phone": 844}[name])
+            for either in WIDTHS.values():  # fail once
+                seen[page, either] = RuntimeError(f"{page.name} at {width} px did not open")
+            tab = browser.open_page(page.as_uri(), WIDTHS["phone"], HEIGHT["phone"])
             typeset(tab)
-            report = page_report(tab)
-            report["figures"] = tab.evaluate(FIGURE_SCALES_JS, await_promise=False)
-            report["code_scrolls"] = tab.evaluate(CODE_FITS_JS, await_promise=False)
-            report["figures_cut"] = tab.evaluate(FIGURES_CUT_JS, await_promise=False)
-            report["reactions"] = tab.evaluate(REACT_JS, await_promise=False)
-            report["errors"] = tab.console_errors()
-            report["external"] = [u for u in tab.requests() if not u.startswith(("file:", "data:"))]
-            report["failed"] = tab.failed_loads()
+            seen[page, WIDTHS["phone"]] = _report(tab)
+            tab.resize(WIDTHS["desktop"], HEIGHT["desktop"])
+            seen[page, WIDTHS["desktop"]] = _report(tab)
             tab.close()
-            seen[page, width] = report
         if isinstance(seen[page, width], Exception):
             raise seen[page, width]
         return seen[page, width]
@@ -112,6 +127,12 @@ def visits(browser):
 def _id(view):
     page, width = view
     return f"{page.stem}-{width}px"
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=_id)
+def test_each_report_is_of_the_page_laid_out_at_its_width(visits, view):
+    page, width = view
+    assert visits(page, width)["viewport"] == width  # the window, without a scrollbar (hidden)
 
 
 @pytest.mark.parametrize("view", VIEWS, ids=_id)

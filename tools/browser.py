@@ -127,8 +127,7 @@ class Chromium:
             self.send(f"{domain}.enable", session=session)
         self.send("Network.emulateNetworkConditions", {"offline": True, "latency": 0,
                   "downloadThroughput": -1, "uploadThroughput": -1}, session=session)
-        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
-                  "deviceScaleFactor": 1, "mobile": width < 600}, session=session)
+        page.resize(width, height, settle=False)
         self.send("Page.navigate", {"url": url}, session=session)
         deadline = time.monotonic() + self.timeout
         while True:  # the blank tab's own load event may come first: wait for this page's
@@ -177,6 +176,19 @@ class Page:
             details = result["exceptionDetails"]
             raise BrowserError(details.get("exception", {}).get("description", details.get("text")))
         return result["result"].get("value")
+
+    def resize(self, width, height, settle=True):
+        """Show the page in a ``width`` x ``height`` CSS-pixel window (a phone's below 600 px wide).
+
+        With ``settle``, return once the page has laid itself out again (two animation frames):
+        its stylesheets' media queries and resize handlers have then run, as after a window is
+        resized, and nothing is loaded again.
+        """
+        self.browser.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                          "deviceScaleFactor": 1, "mobile": width < 600}, session=self.session)
+        if settle:
+            self.evaluate("new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => "
+                          "done(document.documentElement.clientWidth))))")
 
     def _events(self, method):
         return [e["params"] for e in self.browser.events if e.get("sessionId") == self.session
