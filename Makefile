@@ -84,9 +84,15 @@ nbval-default-isa: $(STAMP)
 # in the same session (about 0.6 s a figure here).
 # -p tools.nbval_retry, in every nbval run: a notebook's kernel that dies while it starts (another
 # socket took one of its ports first; it happened once here) is started again; tools/nbval_retry.py.
+# -p tools.same_worker: notebooks that load one training (the first to run trains and stores it; see
+# TRAINING_CACHE below) run in turn on one worker, so that none idles while the other trains.
+SAME_WORKER = --same-worker="book/00_welcome.ipynb book/05_weighted_sum.ipynb book/06_matrix_form.ipynb book/07_attention_that_learns.ipynb" \
+	  --same-worker="book/08_attention_inside_a_transformer.ipynb book/09_generating_text.ipynb" \
+	  --same-worker="book/reader/00_welcome.ipynb book/reader/05_weighted_sum.ipynb book/reader/06_matrix_form.ipynb book/reader/07_attention_that_learns.ipynb" \
+	  --same-worker="book/reader/08_attention_inside_a_transformer.ipynb book/reader/09_generating_text.ipynb"
 CHECKS = $(BIN)/python -m pytest --nbval book tests -q -p no:cacheprovider -p tools.nbval_retry -n 2 --dist loadscope \
 	  -p tools.nbval_kernels --other-arithmetic="$(TRAINING_CHAPTERS)" --other-arithmetic-env="$(PERTURBED) $(DEFAULT_ISA)" \
-	  --no-drawing=book/reader
+	  --no-drawing=book/reader -p tools.same_worker $(SAME_WORKER)
 checks: $(STAMP)
 	$(CHECKS)
 
