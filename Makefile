@@ -119,9 +119,10 @@ STRICT_BOOK_STORED = mkdir -p _build/stored-outputs && \
 strict-book-stored: $(STAMP)
 	$(STRICT_BOOK_STORED)
 
-# Headless Chromium opens every page of the strict build (_build/html) offline, at 1280 px and
-# 390 px: math typeset, images loaded, nothing wider than the column, interactive figures
-# react, no console errors, solutions collapsed. Needs `make strict-book` first.
+# Headless Chromium opens every page of the strict build (_build/html) offline, 390 px wide, then
+# widens the same window to 1280 px, and checks both: math typeset, images loaded, nothing wider
+# than the column, interactive figures react, no console errors, solutions collapsed. Needs
+# `make strict-book` first.
 BROWSER_TEST = if ! $(BIN)/python -c "from tools.browser import find_chromium; raise SystemExit(find_chromium() is None)"; then \
 	  echo "make test: SKIPPED the browser test: no Chromium found (apt-get install chromium)"; \
 	elif [ ! -f _build/html/index.html ]; then \
