@@ -152,9 +152,9 @@ fresh-training-cache:
 	rm -rf $(TRAINING_CACHE)
 
 # The strict build from the stored outputs and then the browser test run beside the checks session,
-# which is niced so that the browser's page loads do not wait behind it: the browser test spends
-# most of its time waiting for Chromium (about 35 s of CPU in 90 s here). Their report, kept in
-# _build/book-and-browser.log, is printed after the checks'. The strict build renders the stored
+# which is niced so that the browser's page loads do not wait behind it: the browser test's own
+# process mostly waits for Chromium (the two use about 97 CPU-seconds in 72 s here). Their report,
+# kept in _build/book-and-browser.log, is printed after the checks'. The strict build renders the stored
 # outputs while nbval compares them with a fresh run: a difference fails make test all the same.
 # (No $$(MAKE) in this recipe: `make -n test`, which the tests read, would run such a line.)
 BROWSER_LOG := _build/book-and-browser.log

@@ -110,7 +110,7 @@ def visits(browser):
     def visit(page, width):
         if (page, width) not in seen:
             for either in WIDTHS.values():  # fail once
-                seen[page, either] = RuntimeError(f"{page.name} at {width} px did not open")
+                seen[page, either] = RuntimeError(f"{page.name} did not open (at {WIDTHS['phone']} px)")
             tab = browser.open_page(page.as_uri(), WIDTHS["phone"], HEIGHT["phone"])
             typeset(tab)
             seen[page, WIDTHS["phone"]] = _report(tab)
